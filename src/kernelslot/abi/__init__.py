@@ -1,0 +1,18 @@
+"""The slot ABI: contracts only, no execution. Imports nothing else from kernelslot."""
+from kernelslot.abi.capability import (
+    DESCRIPTOR_FIELDS,
+    CallDescriptor,
+    CapabilityDomain,
+    CapabilityError,
+    Predicate,
+    domains_overlap,
+)
+from kernelslot.abi.comparators import AllClose, AllOf, Comparator, Cosine, MatchedRatio, TopKOverlap, Verdict
+from kernelslot.abi.slot import Arg, Role, Slot, SlotKind
+from kernelslot.abi.tensor_spec import AllocatedOutput, OutputSpec, allocate_output, poison_value
+
+__all__ = [
+    "DESCRIPTOR_FIELDS", "CallDescriptor", "CapabilityDomain", "CapabilityError", "Predicate", "domains_overlap",
+    "AllClose", "AllOf", "Comparator", "Cosine", "MatchedRatio", "TopKOverlap", "Verdict",
+    "Arg", "Role", "Slot", "SlotKind", "AllocatedOutput", "OutputSpec", "allocate_output", "poison_value",
+]

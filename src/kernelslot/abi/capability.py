@@ -1,0 +1,162 @@
+"""Call descriptors and capability domains (the routing contract).
+
+A live call is described by a :class:`CallDescriptor`. A candidate declares a
+:class:`CapabilityDomain`: a conjunction of predicates over descriptor fields, each one of
+
+* ``exact``  — the field equals a value;
+* ``one_of`` — the field is one of a list of values;
+* ``range``  — ``lo <= field <= hi`` (inclusive, numbers only).
+
+A field the descriptor lacks (``None``) is a **mismatch**, never a wildcard. Unknown field or
+predicate names are rejected when the domain is built (i.e. when a bundle loads).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+PREDICATES = ("exact", "one_of", "range")
+
+
+class CapabilityError(ValueError):
+    """A capability domain or predicate is malformed."""
+
+
+@dataclass(frozen=True)
+class CallDescriptor:
+    """What a live call looks like, as seen by the dispatcher. Missing facts are ``None``."""
+
+    model: str | None = None
+    phase: str | None = None  # "prefill" | "decode"
+    dtype: str | None = None  # torch dtype name, e.g. "bfloat16"
+    num_tokens: int | None = None
+    batch_size: int | None = None
+    kv_len: int | None = None
+    top_k: int | None = None
+    block_size: int | None = None
+    num_q_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    hidden_size: int | None = None
+    intermediate_size: int | None = None
+    num_experts: int | None = None
+    layout: str | None = None
+    quant: str | None = None  # "dense" | "fp8_row" | "mxfp4" | "mxfp8" | "nvfp4" | ...
+    world_size: int | None = None
+    arch: str | None = None  # "cpu" | "sm_90" | ...
+
+    def get(self, name: str) -> Any:
+        return getattr(self, name)
+
+
+DESCRIPTOR_FIELDS = tuple(f.name for f in fields(CallDescriptor))
+
+
+@dataclass(frozen=True)
+class Predicate:
+    field: str
+    kind: str
+    value: Any
+
+    def __post_init__(self) -> None:
+        if self.field not in DESCRIPTOR_FIELDS:
+            raise CapabilityError(
+                f"unknown descriptor field {self.field!r}; allowed: {', '.join(DESCRIPTOR_FIELDS)}"
+            )
+        if self.kind not in PREDICATES:
+            raise CapabilityError(
+                f"unknown predicate {self.kind!r} for field {self.field!r}; allowed: {', '.join(PREDICATES)}"
+            )
+        if self.kind == "one_of":
+            if not isinstance(self.value, (list, tuple)) or not self.value:
+                raise CapabilityError(f"{self.field}.one_of needs a non-empty list, got {self.value!r}")
+            object.__setattr__(self, "value", tuple(self.value))
+        if self.kind == "range":
+            ok = (
+                isinstance(self.value, (list, tuple))
+                and len(self.value) == 2
+                and all(_is_number(v) for v in self.value)
+                and self.value[0] <= self.value[1]
+            )
+            if not ok:
+                raise CapabilityError(f"{self.field}.range needs [lo, hi] numbers with lo <= hi, got {self.value!r}")
+            object.__setattr__(self, "value", tuple(self.value))
+
+    def matches(self, desc: CallDescriptor) -> bool:
+        actual = desc.get(self.field)
+        if actual is None:
+            return False
+        if self.kind == "exact":
+            return actual == self.value
+        if self.kind == "one_of":
+            return actual in self.value
+        lo, hi = self.value
+        return _is_number(actual) and lo <= actual <= hi
+
+    def describe(self) -> str:
+        if self.kind == "exact":
+            return f"{self.field} == {self.value!r}"
+        if self.kind == "one_of":
+            return f"{self.field} in {list(self.value)!r}"
+        return f"{self.value[0]} <= {self.field} <= {self.value[1]}"
+
+
+@dataclass(frozen=True)
+class CapabilityDomain:
+    """A conjunction of predicates; the empty domain accepts every call."""
+
+    predicates: tuple[Predicate, ...] = ()
+
+    @staticmethod
+    def from_mapping(spec: Mapping[str, Mapping[str, Any]]) -> "CapabilityDomain":
+        """Build from ``{field: {predicate: value}}`` (the manifest's ``[ops.domain]`` table)."""
+        preds = []
+        for field_name, body in spec.items():
+            if not isinstance(body, Mapping) or len(body) != 1:
+                raise CapabilityError(
+                    f"domain field {field_name!r} needs exactly one predicate table like "
+                    f"{{ exact = ... }}, {{ one_of = [...] }} or {{ range = [lo, hi] }}; got {body!r}"
+                )
+            (kind, value), = body.items()
+            preds.append(Predicate(field_name, kind, value))
+        return CapabilityDomain(tuple(preds))
+
+    def matches(self, desc: CallDescriptor) -> bool:
+        return all(p.matches(desc) for p in self.predicates)
+
+    def mismatches(self, desc: CallDescriptor) -> list[str]:
+        return [p.describe() for p in self.predicates if not p.matches(desc)]
+
+    def describe(self) -> str:
+        return " and ".join(p.describe() for p in self.predicates) or "any call"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _field_admits(preds: list[Predicate]) -> bool:
+    """Whether some value satisfies every predicate in ``preds`` (all on one field)."""
+    values: set | None = None
+    lo, hi = float("-inf"), float("inf")
+    has_range = False
+    for p in preds:
+        if p.kind == "range":
+            has_range = True
+            lo, hi = max(lo, p.value[0]), min(hi, p.value[1])
+        else:
+            allowed = {p.value} if p.kind == "exact" else set(p.value)
+            values = allowed if values is None else values & allowed
+    if values is None:
+        return lo <= hi
+    if not has_range:
+        return bool(values)
+    return any(_is_number(v) and lo <= v <= hi for v in values)
+
+
+def domains_overlap(a: CapabilityDomain, b: CapabilityDomain) -> bool:
+    """True when some descriptor could match both domains."""
+    by_field: dict[str, list[Predicate]] = {}
+    for p in a.predicates + b.predicates:
+        by_field.setdefault(p.field, []).append(p)
+    return all(_field_admits(preds) for preds in by_field.values())

@@ -1,0 +1,60 @@
+"""activation.* slots: ``silu_and_mul``."""
+from __future__ import annotations
+
+import torch
+
+from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
+from kernelslot.kernels import activation as builtin
+from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, randn
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+SILU_AND_MUL = Slot(
+    "activation.silu_and_mul",
+    SlotKind.OP,
+    (Arg("x", Role.INPUT), Arg("out", Role.OUTPUT)),
+    summary="out = silu(x[..., :d]) * x[..., d:]; x (..., 2d), out (..., d)",
+)
+
+_SHAPES = {
+    "single_token": ((1,), 64, 1.0),
+    "ragged_rows_nonpow2": ((37,), 200, 1.0),
+    "decode_batch": ((16,), 1024, 1.0),
+    "leading_dims_3d": ((2, 5), 48, 1.0),
+    "saturating_large_values": ((9,), 96, 30.0),  # silu tails: exp overflow / -0 products
+}
+
+
+def _make_case(profile: Profile, gen: torch.Generator) -> Case:
+    lead, d, scale = profile.dims["lead"], profile.dims["d"], profile.dims["scale"]
+    x = randn((*lead, 2 * d), gen, profile.dtype, scale)
+    return Case(inputs={"x": x}, outputs={"out": OutputSpec((*lead, d), profile.dtype)})
+
+
+def _reference(case: Case) -> dict[str, torch.Tensor]:
+    x = case.inputs["x"].double()
+    d = x.shape[-1] // 2
+    return {"out": (torch.nn.functional.silu(x[..., :d]) * x[..., d:]).float()}
+
+
+def _describe(case: Case) -> CallDescriptor:
+    x = case.inputs["x"]
+    return CallDescriptor(num_tokens=x[..., 0].numel(), hidden_size=x.shape[-1] // 2)
+
+
+SLOTS = (
+    SlotDef(
+        slot=SILU_AND_MUL,
+        make_case=_make_case,
+        reference=_reference,
+        comparator=AllClose(),
+        profiles=tuple(
+            Profile(name, {"lead": lead, "d": d, "scale": scale}, dt,
+                    tags=frozenset({"adversarial"}) if name.startswith(("ragged", "saturating", "single")) else frozenset())
+            for name, (lead, d, scale) in _SHAPES.items()
+            for dt in DTYPES
+        ),
+        incumbent=Kernel(builtin.silu_and_mul, name="builtin.silu_and_mul"),
+        describe=_describe,
+    ),
+)

@@ -1,0 +1,117 @@
+"""How a slot is described to the referee: profiles, cases, references, incumbents.
+
+A :class:`SlotDef` is data plus four trusted functions. ``make_case`` builds one diagnostic
+call on the CPU from a seeded generator; the shapes depend only on the profile (values on the
+seed), so the referee can replay with fresh values at the same addresses. ``reference``
+computes the expected outputs in fp32/fp64 from *clones* of the inputs, in the referee's
+process only. ``describe`` turns a case into the :class:`CallDescriptor` used for routing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from kernelslot.abi import CallDescriptor, CapabilityDomain, Comparator, OutputSpec, Slot
+
+__all__ = ["Profile", "Case", "Kernel", "Candidate", "SlotDef", "OutputSpec", "randn", "dtype_name"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One diagnostic configuration: shape parameters, dtype and model profile."""
+
+    name: str
+    dims: Mapping[str, Any]
+    dtype: torch.dtype
+    model: str = "generic"
+    tags: frozenset[str] = frozenset()
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}[{dtype_name(self.dtype)}]"
+
+
+@dataclass
+class Case:
+    """One concrete call: inputs by argument name, output specs, prepare arguments."""
+
+    inputs: dict[str, Any]
+    outputs: dict[str, OutputSpec | None]
+    prepare_args: tuple = ()
+    live: tuple[str, ...] | None = None  # inputs refreshed on replay; None = every tensor input
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def live_names(self) -> tuple[str, ...]:
+        if self.live is not None:
+            return self.live
+        return tuple(k for k, v in self.inputs.items() if isinstance(v, torch.Tensor))
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An implementation of a slot: ``entry(*args) -> None`` and an optional ``prepare``."""
+
+    entry: Callable[..., Any]
+    prepare: Callable[..., Any] | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A kernel as admitted for one slot: its declared capability domain and graph safety."""
+
+    kernel: Kernel
+    domain: CapabilityDomain = CapabilityDomain()
+    graph_safe: bool = False
+    label: str = ""
+    model: str | None = None  # the model profile the candidate targets (bundle metadata)
+
+    @property
+    def name(self) -> str:
+        return self.label or self.kernel.name
+
+
+@dataclass(frozen=True)
+class SlotDef:
+    slot: Slot
+    make_case: Callable[[Profile, torch.Generator], Case]
+    reference: Callable[[Case], dict[str, torch.Tensor]]
+    comparator: Comparator | Mapping[str, Comparator]
+    profiles: tuple[Profile, ...]
+    incumbent: Kernel
+    describe: Callable[[Case], CallDescriptor]
+    audit: Callable[[Case, dict[str, torch.Tensor]], list[str]] | None = None
+    notes: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.slot.name
+
+    def comparator_for(self, output: str) -> Comparator:
+        if isinstance(self.comparator, Mapping):
+            return self.comparator[output]
+        return self.comparator
+
+    def describe_comparator(self) -> str:
+        if isinstance(self.comparator, Mapping):
+            return "; ".join(f"{k}: {c.describe()}" for k, c in self.comparator.items())
+        return self.comparator.describe()
+
+    @property
+    def dtypes(self) -> tuple[torch.dtype, ...]:
+        seen: list[torch.dtype] = []
+        for p in self.profiles:
+            if p.dtype not in seen:
+                seen.append(p.dtype)
+        return tuple(seen)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def randn(shape: tuple[int, ...] | list[int], gen: torch.Generator, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """Seeded normal values, generated in fp32 then cast (so every dtype sees the same draw)."""
+    return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(dtype)

@@ -1,0 +1,69 @@
+"""norm.* slots: ``rmsnorm`` (pure RMSNorm, no residual; Gemma-style models pass ``1 + w``)."""
+from __future__ import annotations
+
+import torch
+
+from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
+from kernelslot.kernels import norm as builtin
+from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.models import model_profile
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+RMSNORM = Slot(
+    "norm.rmsnorm",
+    SlotKind.OP,
+    (Arg("x", Role.INPUT), Arg("weight", Role.INPUT), Arg("out", Role.OUTPUT), Arg("eps", Role.SCALAR)),
+    summary="out = x * rsqrt(mean(x^2, -1) + eps) * weight (fp32 math)",
+)
+
+# name: (rows, hidden, eps, x offset, model)
+_SHAPES = {
+    "single_token": (1, 128, 1e-6, 0.0, "generic"),
+    "ragged_rows_nonpow2": (13, 1000, 1e-5, 0.0, "generic"),
+    "decode_batch": (32, 2048, 1e-6, 0.0, "generic"),
+    "large_mean_offset": (5, 384, 1e-6, 50.0, "generic"),  # cancellation-prone: mean(x²) dominated by offset
+    "tiny_values_eps_dominated": (4, 256, 1e-2, 0.0, "generic"),
+    "gemma_one_plus_w": (7, 192, 1e-6, 0.0, "MiniMax-M3"),
+}
+
+
+def _make_case(profile: Profile, gen: torch.Generator) -> Case:
+    rows, hidden, eps, offset = (profile.dims[k] for k in ("rows", "hidden", "eps", "offset"))
+    scale = 1e-3 if profile.name.startswith("tiny") else 1.0
+    x = (randn((rows, hidden), gen, torch.float32, scale) + offset).to(profile.dtype)
+    w = randn((hidden,), gen, torch.float32, 0.1)
+    w = (1.0 + w) if model_profile(profile.model).gemma_norm else (w + 1.0) * 0.5
+    return Case(
+        inputs={"x": x, "weight": w.to(profile.dtype), "eps": eps},
+        outputs={"out": OutputSpec((rows, hidden), profile.dtype)},
+    )
+
+
+def _reference(case: Case) -> dict[str, torch.Tensor]:
+    x = case.inputs["x"].double()
+    y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + case.inputs["eps"])
+    return {"out": (y * case.inputs["weight"].double()).float()}
+
+
+def _describe(case: Case) -> CallDescriptor:
+    x = case.inputs["x"]
+    return CallDescriptor(num_tokens=x.shape[0], hidden_size=x.shape[-1])
+
+
+SLOTS = (
+    SlotDef(
+        slot=RMSNORM,
+        make_case=_make_case,
+        reference=_reference,
+        comparator=AllClose(),
+        profiles=tuple(
+            Profile(name, {"rows": r, "hidden": h, "eps": e, "offset": o}, dt, model=m,
+                    tags=frozenset({"adversarial"}) if name.startswith(("ragged", "large", "tiny", "single")) else frozenset())
+            for name, (r, h, e, o, m) in _SHAPES.items()
+            for dt in DTYPES
+        ),
+        incumbent=Kernel(builtin.rmsnorm, name="builtin.rmsnorm"),
+        describe=_describe,
+    ),
+)

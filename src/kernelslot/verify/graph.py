@@ -1,0 +1,62 @@
+"""CUDA-graph replay (DESIGN.md §3 step 8, CUDA only, for ``graph_safe`` candidates).
+
+The candidate's call is captured once into a ``torch.cuda.CUDAGraph`` after a warm-up on a
+side stream. Each replay refills the captured input storages with fresh values, re-poisons
+the outputs, replays the graph and compares with a fresh reference: a kernel that baked
+capture-time data (or a host-side decision) into the graph fails. Host synchronisation during
+capture is an error raised by CUDA itself and is reported as a failure.
+"""
+from __future__ import annotations
+
+import dataclasses
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kernelslot.verify.report import FAIL
+
+if TYPE_CHECKING:
+    from kernelslot.slots.base import Case
+    from kernelslot.verify.pipeline import _ProfileRun
+
+GRAPH_REPLAYS = 2
+
+
+def graph_replay(run: "_ProfileRun", case: "Case", cpu_case: "Case", outputs: dict, args: list, prepared: Any) -> None:
+    from kernelslot.verify.pipeline import make_case
+
+    run.performed.add("graph_replay")
+    entry = run.cand.kernel.entry
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                entry(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        for alloc in outputs.values():
+            alloc.poison()
+        with torch.cuda.graph(graph):
+            entry(*args)
+    except Exception:
+        run.result.record("graph_replay", FAIL, "capture failed (host sync or graph-unsafe work?):\n" + traceback.format_exc(limit=4))
+        return
+    for r in range(GRAPH_REPLAYS):
+        fresh = make_case(run.defn, run.profile, run.seed, 100 + r)
+        for name in case.live_names():
+            case.inputs[name].copy_(fresh.inputs[name])
+        ref_case = dataclasses.replace(cpu_case, inputs={**cpu_case.inputs, **{n: fresh.inputs[n] for n in case.live_names()}})
+        expected = run.expected(ref_case)
+        for alloc in outputs.values():
+            alloc.poison()
+        graph.replay()
+        torch.cuda.synchronize()
+        for name, alloc in outputs.items():
+            left = torch.isnan(alloc.view).sum().item() if alloc.view.dtype.is_floating_point else 0
+            if left:
+                run.result.record("graph_replay", FAIL, f"graph replay {r}: output {name}: {left} cells never written")
+                return
+        if not run.compare(outputs, expected, f"graph replay {r}: ", "graph_replay"):
+            return

@@ -1,0 +1,283 @@
+"""The referee's pipeline (DESIGN.md §3): inputs → reference → outputs → poison → call →
+checks → compare → replay → (CUDA graph replay) → receipt, for every profile and seed.
+
+References always run on the CPU, on clones, in this process; the candidate runs through a
+:class:`~kernelslot.verify.runner.Runner`. Nothing the candidate does can raise out of here:
+every failure becomes a named check in the :class:`ProfileResult`.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kernelslot.abi import Role, allocate_output
+from kernelslot.abi.capability import CallDescriptor
+from kernelslot.slots.base import Candidate, Case, Profile, SlotDef, dtype_name
+from kernelslot.verify.checks import check_call, check_inputs, snapshot
+from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, SlotReport
+from kernelslot.verify.runner import InProcessRunner, Runner, RunnerError, TensorMeta
+
+Progress = Callable[[ProfileResult], None]
+_CALL_CHECKS = ("raised", "returned_value", "input_mutated", "output_storage_swapped", "output_aliases_input",
+                "poison_left", "out_of_bounds_write", "retained_tensor")
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    device: str = "cpu"
+    dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype the slot's profiles take
+    seeds: tuple[int, ...] = (0,)
+    replays: int = 2  # fresh-input replays after the first call (at least two)
+    profiles: tuple[str, ...] | None = None  # profile-name filter
+    model: str | None = None  # run this model's profiles (falls back to generic where the slot has none)
+    graph: bool = True  # CUDA-graph replay for graph_safe candidates on CUDA
+    time: bool = False  # time candidate and incumbent side by side
+    time_reps: int = 7
+
+
+def device_arch(device: str) -> str:
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(dev)
+        return f"sm_{major}{minor}"
+    return dev.type
+
+
+def select_profiles(defn: SlotDef, opts: VerifyOptions, model: str | None) -> list[Profile]:
+    profiles = list(defn.profiles)
+    if model is not None:
+        own = [p for p in profiles if p.model == model]
+        profiles = own or [p for p in profiles if p.model == "generic"]
+    if opts.dtypes is not None:
+        profiles = [p for p in profiles if p.dtype in opts.dtypes]
+    if opts.profiles is not None:
+        profiles = [p for p in profiles if p.name in opts.profiles]
+    return profiles
+
+
+def case_seed(profile: Profile, seed: int, call: int) -> int:
+    return (zlib.crc32(profile.label.encode()) + 1_000_003 * seed + 7919 * call) % (2**63)
+
+
+def make_case(defn: SlotDef, profile: Profile, seed: int, call: int) -> Case:
+    gen = torch.Generator().manual_seed(case_seed(profile, seed, call))
+    return defn.make_case(profile, gen)
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    """Move tensors inside ``obj`` (tuples, lists, dicts, dataclasses) to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(o, device) for o in obj)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: to_device(getattr(obj, f.name), device) for f in dataclasses.fields(obj) if f.init})
+    return obj
+
+
+def tensors_in(obj: Any, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor reachable in ``obj``, by a dotted path (for bit-exact mutation checks)."""
+    found: dict[str, torch.Tensor] = {}
+    if isinstance(obj, torch.Tensor):
+        found[prefix or "value"] = obj
+    elif isinstance(obj, (list, tuple)):
+        for i, o in enumerate(obj):
+            found.update(tensors_in(o, f"{prefix}[{i}]"))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            found.update(tensors_in(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            found.update(tensors_in(getattr(obj, f.name), f"{prefix}.{f.name}" if prefix else f.name))
+    return found
+
+
+def clone_case(case: Case) -> Case:
+    """A deep copy for the reference: the reference never sees the candidate's tensors."""
+    return Case(
+        inputs={k: (v.clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)) for k, v in case.inputs.items()},
+        outputs=dict(case.outputs),
+        prepare_args=copy.deepcopy(case.prepare_args),
+        live=case.live,
+        meta=copy.deepcopy(case.meta),
+    )
+
+
+def describe(defn: SlotDef, case: Case, profile: Profile, device: str) -> CallDescriptor:
+    desc = defn.describe(case)
+    return dataclasses.replace(desc, arch=device_arch(device), dtype=dtype_name(profile.dtype), model=profile.model)
+
+
+class _ProfileRun:
+    """One profile × seed through the pipeline."""
+
+    def __init__(self, defn: SlotDef, cand: Candidate, profile: Profile, seed: int, runner: Runner, opts: VerifyOptions):
+        self.defn, self.cand, self.profile, self.seed, self.runner, self.opts = defn, cand, profile, seed, runner, opts
+        self.device = torch.device(opts.device)
+        self.result = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, cand.name)
+        self.performed: set[str] = set()
+
+    def run(self) -> ProfileResult:
+        slot = self.defn.slot
+        cpu_case = make_case(self.defn, self.profile, self.seed, 0)
+        desc = describe(self.defn, cpu_case, self.profile, self.opts.device)
+        if not self.cand.domain.matches(desc):
+            self.result.skipped_reason = "outside declared domain: " + ", ".join(self.cand.domain.mismatches(desc))
+            return self.result
+        case = to_device(cpu_case, self.device)
+        prepared = None
+        prep_snap = snapshot(tensors_in(case.prepare_args))
+        if slot.needs_prepare:
+            try:
+                prepared = self.runner.prepare(self.cand.kernel, case.prepare_args)
+            except RunnerError as exc:
+                self.result.record("prepare", FAIL, str(exc))
+                return self._finish()
+            if not check_inputs(self.result, tensors_in(case.prepare_args), prep_snap, "prepare(): "):
+                return self._finish()
+            self.performed.add("prepare")
+        outputs = {n: allocate_output(spec, self.device) for n, spec in case.outputs.items() if spec is not None}
+        args = self._args(case, outputs, prepared)
+        arg_names = [a.name for a in slot.args]
+        for call in range(1 + self.opts.replays):
+            ref_case = cpu_case
+            if call:
+                fresh = make_case(self.defn, self.profile, self.seed, call)
+                for name in case.live_names():
+                    case.inputs[name].copy_(fresh.inputs[name])  # same storage, fresh values
+                ref_case = dataclasses.replace(cpu_case, inputs={**cpu_case.inputs, **{n: fresh.inputs[n] for n in case.live_names()}})
+            if not self._one_call(call, case, ref_case, outputs, args, arg_names, prep_snap):
+                return self._finish()
+        if self.device.type == "cuda" and self.opts.graph and self.cand.graph_safe:
+            from kernelslot.verify.graph import graph_replay
+
+            graph_replay(self, case, cpu_case, outputs, args, prepared)
+        if self.opts.time:
+            from kernelslot.bench.timing import time_side_by_side
+
+            self.result.timing = time_side_by_side(self.defn, self.cand, self.runner, case, prepared, args, self.opts.time_reps)
+        return self._finish()
+
+    def _args(self, case: Case, outputs: dict, prepared: Any) -> list[Any]:
+        args = []
+        for a in self.defn.slot.args:
+            if a.role in (Role.INPUT, Role.SCALAR):
+                args.append(case.inputs[a.name])
+            elif a.role is Role.OUTPUT:
+                args.append(outputs[a.name].view if a.name in outputs else None)
+            elif a.role is Role.PREPARED:
+                args.append(prepared)
+            else:
+                raise RunnerError(f"slot {self.defn.name}: argument {a.name} ({a.role.value}) needs the collective referee")
+        return args
+
+    def expected(self, ref_case: Case) -> dict[str, torch.Tensor]:
+        return self.defn.reference(clone_case(ref_case))
+
+    def compare(self, outputs: dict, expected: dict, label: str, check: str) -> bool:
+        ok = True
+        for out_name, alloc in outputs.items():
+            verdict = self.defn.comparator_for(out_name).compare(alloc.view.detach().cpu(), expected[out_name])
+            key = f"{out_name}.{verdict.metric}"
+            self.result.metrics[key] = min(self.result.metrics.get(key, verdict.value), verdict.value)  # worst call
+            if not verdict.passed:
+                self.result.record(check, FAIL, f"{label}{out_name}: {verdict.describe()}")
+                ok = False
+        return ok
+
+    def audit(self, case: Case, outputs: dict, label: str) -> bool:
+        if self.defn.audit is None:
+            return True
+        problems = self.defn.audit(case, {n: a.view.detach().cpu() for n, a in outputs.items()})
+        if problems:
+            self.result.record("audit", FAIL, label + "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""))
+        return not problems
+
+    def _one_call(self, call: int, case: Case, ref_case: Case, outputs: dict, args: list, arg_names: list, prep_snap: dict) -> bool:
+        label = f"replay {call}: " if call else ""
+        expected = self.expected(ref_case)
+        in_snap = snapshot(case.inputs)
+        input_meta = {k: m for k, (_, m) in in_snap.items()}
+        for alloc in outputs.values():
+            alloc.poison()
+        out_meta = {n: TensorMeta.of(a.view) for n, a in outputs.items()}
+        obs = self.runner.call(self.cand.kernel, args)
+        inputs_ok = check_inputs(self.result, case.inputs, in_snap, label)
+        inputs_ok &= check_inputs(self.result, tensors_in(case.prepare_args), prep_snap, label + "weights: ")
+        self.performed.update(_CALL_CHECKS)
+        usable = check_call(self.result, obs, arg_names, list(outputs), outputs, out_meta, input_meta, label)
+        if not usable:
+            return False
+        check = "replay" if call else "compare"
+        self.performed.add(check)
+        compared = self.compare(outputs, expected, label, check)
+        if self.defn.audit is not None:
+            self.performed.add("audit")
+        audited = self.audit(ref_case, outputs, label)
+        return inputs_ok and compared and audited and not self.result.failures()
+
+    def _finish(self) -> ProfileResult:
+        """Every check not failed is recorded as passed if it was made, else skipped with why."""
+        failed = {c.name for c in self.result.failures()}
+        for name in CHECKS:
+            if name in failed:
+                continue
+            if name in self.performed:
+                self.result.record(name, PASS)
+            elif name == "graph_replay":
+                why = "no CUDA device" if self.device.type != "cuda" else "not graph_safe" if not self.cand.graph_safe else "not reached"
+                self.result.record(name, SKIP, why)
+            elif (name == "prepare" and not self.defn.slot.needs_prepare) or (name == "audit" and self.defn.audit is None):
+                continue
+            else:
+                self.result.record(name, SKIP, "not reached")
+        return self.result
+
+
+def verify_slot(
+    defn: SlotDef,
+    candidates: Candidate | Sequence[Candidate],
+    opts: VerifyOptions = VerifyOptions(),
+    runner: Runner | None = None,
+    progress: Progress | None = None,
+) -> SlotReport:
+    """Verify one slot's candidate variants on every selected profile and seed.
+
+    Each profile is routed to the single variant whose domain matches its descriptor;
+    profiles no variant accepts are reported as skipped. A slot none of whose profiles reached
+    a candidate fails: a domain that is never exercised earns nothing.
+    """
+    cands = [candidates] if isinstance(candidates, Candidate) else list(candidates)
+    runner = runner or InProcessRunner()
+    report = SlotReport(defn.name, ", ".join(c.name for c in cands), runner.name, opts.device)
+    model = opts.model or next((c.model for c in cands if c.model), None)
+    for profile in select_profiles(defn, opts, model):
+        for seed in opts.seeds:
+            result = _run_routed(defn, cands, profile, seed, runner, opts)
+            report.results.append(result)
+            if progress:
+                progress(result)
+    if not report.results:
+        report.errors.append("no profile selected (check --dtype/--model/--profile filters)")
+    elif all(r.skipped_reason for r in report.results):
+        report.errors.append("no profile falls inside any declared domain: the candidate was never exercised")
+    return report
+
+
+def _run_routed(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: int, runner: Runner, opts: VerifyOptions) -> ProfileResult:
+    if len(cands) == 1:
+        return _ProfileRun(defn, cands[0], profile, seed, runner, opts).run()
+    desc = describe(defn, make_case(defn, profile, seed, 0), profile, opts.device)
+    for cand in cands:
+        if cand.domain.matches(desc):
+            return _ProfileRun(defn, cand, profile, seed, runner, opts).run()
+    res = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, "-")
+    res.skipped_reason = "outside every variant's domain (the incumbent runs)"
+    return res

@@ -1,0 +1,96 @@
+"""Verdicts and receipts: what ran, which checks passed, with reasons and figures."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Named checks, in the order the referee makes them (DESIGN.md §3 step 6-8).
+CHECKS = (
+    "prepare",  # prepare() ran, returned, and left its inputs unchanged
+    "raised",  # entry raised / crashed / timed out
+    "returned_value",  # entry returned something other than None
+    "input_mutated",  # an input changed bit-exactly, or its storage/shape/stride changed
+    "output_storage_swapped",  # an output's storage, shape or stride changed
+    "output_aliases_input",  # an output shares storage with an input
+    "poison_left",  # an output cell still holds the poison
+    "out_of_bounds_write",  # the canary around an output changed
+    "retained_tensor",  # the candidate kept a reference to an argument's storage
+    "compare",  # the slot's comparator against the trusted reference
+    "audit",  # the slot's hard validity audits
+    "replay",  # fresh inputs at the same addresses, re-poisoned, compared again
+    "graph_replay",  # the same under a captured CUDA graph (CUDA, graph_safe entries)
+)
+
+PASS, FAIL, SKIP = "pass", "fail", "skip"
+
+
+@dataclass
+class CheckResult:
+    name: str
+    status: str
+    message: str = ""
+
+
+@dataclass
+class ProfileResult:
+    slot: str
+    profile: str
+    dtype: str
+    model: str
+    seed: int
+    kernel: str
+    checks: list[CheckResult] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+    skipped_reason: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return not self.skipped_reason and all(c.status != FAIL for c in self.checks)
+
+    @property
+    def status(self) -> str:
+        if self.skipped_reason:
+            return SKIP
+        return PASS if self.passed else FAIL
+
+    def failures(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    def first_failure(self) -> CheckResult | None:
+        fails = self.failures()
+        return fails[0] if fails else None
+
+    def record(self, name: str, status: str, message: str = "") -> None:
+        self.checks.append(CheckResult(name, status, message))
+
+    def check(self, name: str) -> CheckResult | None:
+        for c in self.checks:
+            if c.name == name:
+                return c
+        return None
+
+
+@dataclass
+class SlotReport:
+    slot: str
+    kernel: str
+    runner: str
+    device: str
+    results: list[ProfileResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # failures that stopped the slot (e.g. load errors)
+
+    @property
+    def passed(self) -> bool:
+        ran = [r for r in self.results if not r.skipped_reason]
+        return not self.errors and bool(ran) and all(r.passed for r in ran)
+
+    def failed_checks(self) -> set[str]:
+        return {c.name for r in self.results for c in r.failures()}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["passed"] = self.passed
+        for r, rd in zip(self.results, d["results"]):
+            rd["status"] = r.status
+        return d

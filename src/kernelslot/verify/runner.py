@@ -1,0 +1,119 @@
+"""The runner boundary: where candidate code executes.
+
+The referee owns inputs, outputs, references, comparators and timers; a runner only loads a
+candidate, runs its ``prepare`` and calls its ``entry``, and reports what it observed *where
+the call ran* (:class:`CallObservation`): a non-None return value, an exception or crash, the
+metadata of every tensor argument after the call, and which arguments the candidate retained.
+Every check is then made by the referee from that observation and the shared tensors, so the
+checks do not care which runner ran the call.
+"""
+from __future__ import annotations
+
+import gc
+import time
+import traceback
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+from kernelslot.slots.base import Kernel
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Identity of a tensor argument: where its storage lives and how it is viewed."""
+
+    data_ptr: int
+    storage_ptr: int
+    storage_nbytes: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: str
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorMeta":
+        s = t.untyped_storage()
+        return TensorMeta(t.data_ptr(), s.data_ptr(), s.nbytes(), tuple(t.shape), tuple(t.stride()),
+                          t.storage_offset(), str(t.dtype))
+
+
+def storage_use_count(t: torch.Tensor) -> int:
+    """How many tensors/views share ``t``'s storage (the StorageImpl reference count)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+@dataclass
+class CallObservation:
+    returned: str | None = None  # repr of a non-None return value
+    error: str | None = None  # traceback or crash cause
+    elapsed_s: float = 0.0
+    meta_after: list[TensorMeta | None] = field(default_factory=list)  # per argument, in slot order
+    retained: list[int] = field(default_factory=list)  # argument positions whose storage gained a reference
+
+
+class RunnerError(RuntimeError):
+    """The candidate could not be loaded or prepared (the message says why)."""
+
+
+class Runner(ABC):
+    """Executes candidate code. Implementations: :class:`InProcessRunner`, ``WorkerRunner``."""
+
+    name = "runner"
+
+    @abstractmethod
+    def prepare(self, kernel: Kernel, prepare_args: Sequence[Any]) -> Any:
+        """Run ``kernel.prepare(*prepare_args)`` and return a handle to the prepared object."""
+
+    @abstractmethod
+    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True) -> CallObservation:
+        """Call ``kernel.entry(*args)``; the PREPARED position holds what :meth:`prepare` returned."""
+
+    def close(self) -> None:
+        """Release resources (worker processes)."""
+
+
+class InProcessRunner(Runner):
+    """Runs the candidate in the referee's own process: fast and debuggable, not isolated."""
+
+    name = "in-process"
+
+    def prepare(self, kernel: Kernel, prepare_args: Sequence[Any]) -> Any:
+        if kernel.prepare is None:
+            raise RunnerError(f"{kernel.name or kernel.entry}: the slot needs prepare() but the kernel has none")
+        try:
+            return kernel.prepare(*prepare_args)
+        except Exception:
+            raise RunnerError("prepare() raised:\n" + traceback.format_exc(limit=6)) from None
+
+    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True) -> CallObservation:
+        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        before = {i: storage_use_count(t) for i, t in tensors} if check_retention else {}
+        obs = CallObservation()
+        start = time.perf_counter()
+        try:
+            result = kernel.entry(*args)
+            if result is not None:
+                obs.returned = _short_repr(result)
+            del result
+        except Exception:
+            obs.error = traceback.format_exc(limit=8)
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
+            torch.cuda.synchronize()
+        obs.elapsed_s = time.perf_counter() - start
+        obs.meta_after = [TensorMeta.of(a) if isinstance(a, torch.Tensor) else None for a in args]
+        if check_retention:
+            obs.retained = [i for i, t in tensors if storage_use_count(t) > before[i]]
+            if obs.retained:  # a reference cycle may still hold a view: collect, then look again
+                gc.collect()
+                obs.retained = [i for i, t in tensors if storage_use_count(t) > before[i]]
+        return obs
+
+
+def _short_repr(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
+    text = repr(value)
+    return text if len(text) < 80 else text[:77] + "..."
