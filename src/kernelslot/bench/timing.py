@@ -1,41 +1,70 @@
 """Timing methodology: medians of repeated calls, candidate and incumbent side by side.
 
-Each timed call goes through the runner (so isolation overhead is counted the same way for
-both). Warm-up calls are discarded; the median and the spread (max-min over median) of the
-timed calls are reported; speedup = incumbent median / candidate median, measured in the
-same run on the same inputs.
+Each timed call goes through a runner, so isolation overhead is counted the same way for both:
+the incumbent runs under ``runner.incumbent_runner()`` (in-process for the in-process runner; a
+separate worker of its own for ``WorkerRunner``, so a candidate cannot slow it down). Warm-up
+calls are discarded; before every timed repetition ``refill`` (when given) writes fresh values
+into the same input storages, outside the timed window, so cached results do not count. Reported
+(seconds): the median and the spread ((max-min)/median) of the referee-side times, the median
+in-worker time where the runner measures one (``*_worker_s``), and speedup = incumbent median /
+candidate median, measured in the same run on the same inputs.
 """
 from __future__ import annotations
 
 import statistics
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from kernelslot.slots.base import Candidate, Case, SlotDef
-from kernelslot.verify.runner import InProcessRunner, Runner
+from kernelslot.slots.base import Candidate, Case, Kernel, SlotDef
+from kernelslot.verify.runner import Runner, RunnerError
 
 WARMUP = 2
 
 
-def median_call_time(runner: Runner, cand_kernel: Any, args: list, reps: int) -> tuple[float, float]:
-    for _ in range(WARMUP):
-        runner.call(cand_kernel, args, check_retention=False)
-    times = [runner.call(cand_kernel, args, check_retention=False).elapsed_s for _ in range(reps)]
+@dataclass(frozen=True)
+class CallTiming:
+    median_s: float
+    spread: float
+    worker_median_s: float | None  # None when the runner reports no in-worker time
+
+
+def median_call_time(runner: Runner, kernel: Kernel, args: list, reps: int,
+                     refill: Callable[[int], Any] | None = None) -> CallTiming:
+    """Time ``reps`` calls after ``WARMUP`` discarded ones; a failing call raises :class:`RunnerError`."""
+    times: list[float] = []
+    inner: list[float | None] = []
+    for rep in range(-WARMUP, reps):
+        if refill is not None and rep >= 0:
+            refill(rep)
+        obs = runner.call(kernel, args, check_retention=False)
+        if obs.error:
+            raise RunnerError(f"{kernel.name or 'kernel'} failed while being timed: {obs.error.strip().splitlines()[-1]}")
+        if rep >= 0:
+            times.append(obs.elapsed_s)
+            inner.append(obs.worker_s)
     med = statistics.median(times)
-    return med, (max(times) - min(times)) / med if med > 0 else 0.0
+    worker = statistics.median(inner) if inner and all(w is not None for w in inner) else None  # type: ignore[type-var]
+    return CallTiming(med, (max(times) - min(times)) / med if med > 0 else 0.0, worker)
 
 
-def time_side_by_side(defn: SlotDef, cand: Candidate, runner: Runner, case: Case, prepared: Any, args: list, reps: int) -> dict[str, float]:
-    cand_med, cand_spread = median_call_time(runner, cand.kernel, args, reps)
-    timing = {"candidate_s": cand_med, "candidate_spread": cand_spread}
+def time_side_by_side(defn: SlotDef, cand: Candidate, runner: Runner, case: Case, prepared: Any, args: list, reps: int,
+                      refill: Callable[[int], Any] | None = None) -> dict[str, float]:
+    cand_t = median_call_time(runner, cand.kernel, args, reps, refill)
+    timing = {"candidate_s": cand_t.median_s, "candidate_spread": cand_t.spread}
+    if cand_t.worker_median_s is not None:
+        timing["candidate_worker_s"] = cand_t.worker_median_s
     incumbent = defn.incumbent
     if incumbent.entry is not cand.kernel.entry:
-        trusted = InProcessRunner()
+        trusted = runner.incumbent_runner()
         inc_args = list(args)
         if defn.slot.needs_prepare:
             from kernelslot.abi import Role
 
             inc_prepared = trusted.prepare(incumbent, case.prepare_args)
             inc_args = [inc_prepared if a.role is Role.PREPARED else v for a, v in zip(defn.slot.args, args)]
-        inc_med, inc_spread = median_call_time(trusted, incumbent, inc_args, reps)
-        timing.update(incumbent_s=inc_med, incumbent_spread=inc_spread, speedup=inc_med / cand_med if cand_med else 0.0)
+        inc_t = median_call_time(trusted, incumbent, inc_args, reps, refill)
+        timing.update(incumbent_s=inc_t.median_s, incumbent_spread=inc_t.spread,
+                      speedup=inc_t.median_s / cand_t.median_s if cand_t.median_s else 0.0)
+        if inc_t.worker_median_s is not None:
+            timing["incumbent_worker_s"] = inc_t.worker_median_s
     return timing

@@ -15,7 +15,7 @@ import torch
 
 from kernelslot.abi import CallDescriptor, CapabilityDomain, Comparator, OutputSpec, Slot
 
-__all__ = ["Profile", "Case", "Kernel", "Candidate", "SlotDef", "OutputSpec", "randn", "dtype_name"]
+__all__ = ["Profile", "Case", "Kernel", "KernelSource", "Candidate", "SlotDef", "OutputSpec", "randn", "dtype_name"]
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,43 @@ class Case:
 
 
 @dataclass(frozen=True)
+class KernelSource:
+    """Where a kernel's code lives, so another process can load it by itself.
+
+    Either ``file`` (a Python source file, e.g. inside a bundle) or ``module`` (an importable
+    module name); ``entry``/``prepare`` are attribute names in it.
+    """
+
+    entry: str
+    prepare: str | None = None
+    file: str | None = None
+    module: str | None = None
+
+
+@dataclass(frozen=True)
 class Kernel:
     """An implementation of a slot: ``entry(*args) -> None`` and an optional ``prepare``."""
 
-    entry: Callable[..., Any]
+    entry: Callable[..., Any] | None  # None: resolved from ``source`` by the runner that executes it
     prepare: Callable[..., Any] | None = None
     name: str = ""
+    source: KernelSource | None = None  # None: derived from the callables' module and qualname
+
+    def origin(self) -> KernelSource:
+        """The loadable origin of this kernel (explicit, or the callables' module/qualname)."""
+        if self.source is not None:
+            return self.source
+        if self.entry is None:
+            raise ValueError(f"kernel {self.name}: neither callables nor a source")
+        if "<locals>" in self.entry.__qualname__ or (self.prepare and "<locals>" in self.prepare.__qualname__):
+            raise ValueError(f"kernel {self.name or self.entry}: a locally defined function cannot be loaded in another process")
+        if self.prepare is not None and self.prepare.__module__ != self.entry.__module__:
+            raise ValueError(f"kernel {self.name}: entry and prepare must live in one module to be loaded elsewhere")
+        return KernelSource(
+            entry=self.entry.__qualname__,
+            prepare=self.prepare.__qualname__ if self.prepare else None,
+            module=self.entry.__module__,
+        )
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,6 @@ capture is an error raised by CUDA itself and is reported as a failure.
 """
 from __future__ import annotations
 
-import dataclasses
 import traceback
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +23,12 @@ GRAPH_REPLAYS = 2
 
 
 def graph_replay(run: "_ProfileRun", case: "Case", cpu_case: "Case", outputs: dict, args: list, prepared: Any) -> None:
-    from kernelslot.verify.pipeline import make_case
+    from kernelslot.verify.pipeline import refill_live
+
+    from kernelslot.verify.runner import resolve_kernel
 
     run.performed.add("graph_replay")
-    entry = run.cand.kernel.entry
+    entry, _ = resolve_kernel(run.cand.kernel)
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -44,10 +45,7 @@ def graph_replay(run: "_ProfileRun", case: "Case", cpu_case: "Case", outputs: di
         run.result.record("graph_replay", FAIL, "capture failed (host sync or graph-unsafe work?):\n" + traceback.format_exc(limit=4))
         return
     for r in range(GRAPH_REPLAYS):
-        fresh = make_case(run.defn, run.profile, run.seed, 100 + r)
-        for name in case.live_names():
-            case.inputs[name].copy_(fresh.inputs[name])
-        ref_case = dataclasses.replace(cpu_case, inputs={**cpu_case.inputs, **{n: fresh.inputs[n] for n in case.live_names()}})
+        ref_case = refill_live(run.defn, run.profile, run.seed, 100 + r, case, cpu_case, partial=False)
         expected = run.expected(ref_case)
         for alloc in outputs.values():
             alloc.poison()

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kernelslot.abi import Role, allocate_output
+from kernelslot.abi import Role, SlotKind, allocate_output
 from kernelslot.abi.capability import CallDescriptor
 from kernelslot.slots.base import Candidate, Case, Profile, SlotDef, dtype_name
 from kernelslot.verify.checks import check_call, check_inputs, snapshot
@@ -38,6 +38,8 @@ class VerifyOptions:
     graph: bool = True  # CUDA-graph replay for graph_safe candidates on CUDA
     time: bool = False  # time candidate and incumbent side by side
     time_reps: int = 7
+    world_sizes: tuple[int, ...] = (2,)  # collective slots: group sizes to verify (profiles carry dims["world"])
+    collective_timeout_s: float = 30.0  # collective slots: per-call deadline for every rank
 
 
 def device_arch(device: str) -> str:
@@ -115,6 +117,28 @@ def describe(defn: SlotDef, case: Case, profile: Profile, device: str) -> CallDe
     return dataclasses.replace(desc, arch=device_arch(device), dtype=dtype_name(profile.dtype), model=profile.model)
 
 
+def refill_live(defn: SlotDef, profile: Profile, seed: int, call: int, case: Case, prev: Case, partial: bool) -> Case:
+    """Refill the live inputs of ``case`` in place (same storage) and return the CPU case they now hold.
+
+    A full refill draws every live input afresh. A ``partial`` refill redraws only the trailing
+    half (in memory order) of the floating-point live inputs and keeps everything else, so a
+    kernel that caches results keyed by a fingerprint of a few input cells returns stale data.
+    """
+    fresh = make_case(defn, profile, seed, call)
+    now = {}
+    for name in case.live_names():
+        old, new = prev.inputs[name], fresh.inputs[name]
+        if partial:
+            if not new.dtype.is_floating_point:
+                continue
+            new = old.clone().contiguous()
+            half = new.numel() // 2
+            new.view(-1)[half:] = fresh.inputs[name].contiguous().view(-1)[half:]
+        case.inputs[name].copy_(new)
+        now[name] = new
+    return dataclasses.replace(prev, inputs={**prev.inputs, **now})
+
+
 class _ProfileRun:
     """One profile × seed through the pipeline."""
 
@@ -131,7 +155,7 @@ class _ProfileRun:
         if not self.cand.domain.matches(desc):
             self.result.skipped_reason = "outside declared domain: " + ", ".join(self.cand.domain.mismatches(desc))
             return self.result
-        case = to_device(cpu_case, self.device)
+        case = self.runner.share(to_device(cpu_case, self.device))  # before any identity is recorded
         prepared = None
         prep_snap = snapshot(tensors_in(case.prepare_args))
         if slot.needs_prepare:
@@ -144,15 +168,13 @@ class _ProfileRun:
                 return self._finish()
             self.performed.add("prepare")
         outputs = {n: allocate_output(spec, self.device) for n, spec in case.outputs.items() if spec is not None}
+        self.runner.share([a.base for a in outputs.values()])
         args = self._args(case, outputs, prepared)
         arg_names = [a.name for a in slot.args]
+        ref_case = cpu_case  # the CPU image of what the live inputs hold now
         for call in range(1 + self.opts.replays):
-            ref_case = cpu_case
             if call:
-                fresh = make_case(self.defn, self.profile, self.seed, call)
-                for name in case.live_names():
-                    case.inputs[name].copy_(fresh.inputs[name])  # same storage, fresh values
-                ref_case = dataclasses.replace(cpu_case, inputs={**cpu_case.inputs, **{n: fresh.inputs[n] for n in case.live_names()}})
+                ref_case = refill_live(self.defn, self.profile, self.seed, call, case, ref_case, partial=call % 2 == 0)
             if not self._one_call(call, case, ref_case, outputs, args, arg_names, prep_snap):
                 return self._finish()
         if self.device.type == "cuda" and self.opts.graph and self.cand.graph_safe:
@@ -162,7 +184,12 @@ class _ProfileRun:
         if self.opts.time:
             from kernelslot.bench.timing import time_side_by_side
 
-            self.result.timing = time_side_by_side(self.defn, self.cand, self.runner, case, prepared, args, self.opts.time_reps)
+            try:
+                self.result.timing = time_side_by_side(self.defn, self.cand, self.runner, case, prepared, args, self.opts.time_reps,
+                                                       refill=lambda rep: refill_live(self.defn, self.profile, self.seed, 1000 + rep,
+                                                                                      case, cpu_case, partial=False))
+            except RunnerError as exc:
+                self.result.record("raised", FAIL, f"timing: {exc}")
         return self._finish()
 
     def _args(self, case: Case, outputs: dict, prepared: Any) -> list[Any]:
@@ -254,6 +281,10 @@ def verify_slot(
     profiles no variant accepts are reported as skipped. A slot none of whose profiles reached
     a candidate fails: a domain that is never exercised earns nothing.
     """
+    if defn.slot.kind is SlotKind.COLLECTIVE:  # multi-process referee (verify/collective.py)
+        from kernelslot.verify.collective import verify_collective
+
+        return verify_collective(defn, candidates, opts, progress)
     cands = [candidates] if isinstance(candidates, Candidate) else list(candidates)
     runner = runner or InProcessRunner()
     report = SlotReport(defn.name, ", ".join(c.name for c in cands), runner.name, opts.device)

@@ -14,7 +14,7 @@ import time
 import traceback
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -49,9 +49,11 @@ def storage_use_count(t: torch.Tensor) -> int:
 class CallObservation:
     returned: str | None = None  # repr of a non-None return value
     error: str | None = None  # traceback or crash cause
-    elapsed_s: float = 0.0
+    elapsed_s: float = 0.0  # measured by the referee around the call (a worker's IPC included)
     meta_after: list[TensorMeta | None] = field(default_factory=list)  # per argument, in slot order
     retained: list[int] = field(default_factory=list)  # argument positions whose storage gained a reference
+    cause: str | None = None  # with ``error``: exception, timeout, crash, exit, out_of_memory, ... (see verify/worker.py)
+    worker_s: float | None = None  # in-worker time of the entry alone (WorkerRunner only; advisory)
 
 
 class RunnerError(RuntimeError):
@@ -62,6 +64,17 @@ class Runner(ABC):
     """Executes candidate code. Implementations: :class:`InProcessRunner`, ``WorkerRunner``."""
 
     name = "runner"
+
+    def share(self, obj: Any) -> Any:
+        """Make the tensors in ``obj`` visible to where candidates run; call before recording identities.
+
+        In place (tensor objects and views keep working); returns ``obj``. A no-op in-process.
+        """
+        return obj
+
+    def incumbent_runner(self) -> "Runner":
+        """Where the incumbent is timed next to a candidate, under the same call path."""
+        return InProcessRunner()
 
     @abstractmethod
     def prepare(self, kernel: Kernel, prepare_args: Sequence[Any]) -> Any:
@@ -75,16 +88,38 @@ class Runner(ABC):
         """Release resources (worker processes)."""
 
 
+def resolve_kernel(kernel: Kernel) -> tuple[Callable, Callable | None]:
+    """The kernel's callables, importing its source (e.g. a bundle file) when it has none yet."""
+    if kernel.entry is not None:
+        return kernel.entry, kernel.prepare
+    from kernelslot.bundle.loader import resolve_callables
+
+    try:
+        return resolve_callables(kernel.origin())
+    except Exception:
+        raise RunnerError(f"{kernel.name}: loading the candidate failed:\n" + traceback.format_exc(limit=6)) from None
+
+
 class InProcessRunner(Runner):
     """Runs the candidate in the referee's own process: fast and debuggable, not isolated."""
 
     name = "in-process"
 
+    def __init__(self) -> None:
+        self._resolved: dict[Kernel, tuple[Callable, Callable | None]] = {}
+
+    def _callables(self, kernel: Kernel) -> tuple[Callable, Callable | None]:
+        key = kernel
+        if key not in self._resolved:
+            self._resolved[key] = resolve_kernel(kernel)
+        return self._resolved[key]
+
     def prepare(self, kernel: Kernel, prepare_args: Sequence[Any]) -> Any:
-        if kernel.prepare is None:
-            raise RunnerError(f"{kernel.name or kernel.entry}: the slot needs prepare() but the kernel has none")
+        _, prepare = self._callables(kernel)
+        if prepare is None:
+            raise RunnerError(f"{kernel.name}: the slot needs prepare() but the kernel has none")
         try:
-            return kernel.prepare(*prepare_args)
+            return prepare(*prepare_args)
         except Exception:
             raise RunnerError("prepare() raised:\n" + traceback.format_exc(limit=6)) from None
 
@@ -92,14 +127,19 @@ class InProcessRunner(Runner):
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         before = {i: storage_use_count(t) for i, t in tensors} if check_retention else {}
         obs = CallObservation()
+        try:
+            entry, _ = self._callables(kernel)
+        except RunnerError as exc:
+            obs.error = str(exc)
+            return obs
         start = time.perf_counter()
         try:
-            result = kernel.entry(*args)
+            result = entry(*args)
             if result is not None:
                 obs.returned = _short_repr(result)
             del result
         except Exception:
-            obs.error = traceback.format_exc(limit=8)
+            obs.error, obs.cause = traceback.format_exc(limit=8), "exception"
         if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
             torch.cuda.synchronize()
         obs.elapsed_s = time.perf_counter() - start

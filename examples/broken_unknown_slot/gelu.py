@@ -1,0 +1,2 @@
+def gelu_and_mul(x, out):
+    raise RuntimeError("never reached")

@@ -1,0 +1,221 @@
+"""Bundle manifests (``manifest.toml``), in the format of kernel-slot arenas.
+
+::
+
+    bundle_id = "my-kernels"
+    abi_version = "cacheon-op-abi-v0"
+    [competition]                  # optional
+    target = "MiniMax-M3"
+    mode = "local"
+    [[ops]]
+    slot = "activation.silu_and_mul"
+    source = "kernels/act.py"      # inside the bundle
+    entry = "silu_and_mul"
+    variant = "small"              # required when a slot repeats; variant domains may not overlap
+    prepare = "prepare"            # required exactly when the slot has a prepare step
+    dtypes = ["bfloat16"]          # -> domain predicate dtype one_of
+    architectures = ["cpu"]        # -> domain predicate arch one_of ("cpu", "sm_90", ...)
+    metadata = "meta.json"         # optional JSON; its "model" selects the model profile
+    graph_safe = true              # routing declaration for CUDA-graph capture
+    [ops.domain]                   # predicates over CallDescriptor fields
+    num_tokens = { range = [1, 64] }
+
+Every malformed manifest raises :class:`ManifestError` with one line naming the file, the key
+and what is allowed.
+"""
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernelslot.abi import CapabilityDomain, CapabilityError, domains_overlap
+from kernelslot.slots import CATALOG
+from kernelslot.slots.models import MODELS
+
+ABI_VERSION = "cacheon-op-abi-v0"
+TOP_KEYS = ("bundle_id", "abi_version", "competition", "ops")
+COMPETITION_KEYS = ("target", "mode")
+OP_KEYS = ("slot", "source", "entry", "variant", "prepare", "dtypes", "architectures", "metadata", "domain", "graph_safe")
+DTYPES = ("float32", "bfloat16", "float16")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ManifestError(ValueError):
+    """A malformed bundle: the message is one line naming file, key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class OpRow:
+    index: int
+    slot: str
+    source: str
+    entry: str
+    variant: str | None
+    prepare: str | None
+    dtypes: tuple[str, ...]
+    architectures: tuple[str, ...]
+    metadata: str | None
+    model: str | None
+    domain: CapabilityDomain
+    graph_safe: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.slot}" + (f"[{self.variant}]" if self.variant else "")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    root: Path
+    path: Path
+    bundle_id: str
+    abi_version: str
+    competition: dict[str, str]
+    ops: tuple[OpRow, ...]
+
+
+def _err(path: Path, key: str, problem: str) -> ManifestError:
+    return ManifestError(f"{path}: {key}: {problem}")
+
+
+def _inside(root: Path, rel: Any, path: Path, key: str) -> Path:
+    if not isinstance(rel, str) or not rel:
+        raise _err(path, key, f"must be a relative path string inside the bundle, got {rel!r}")
+    target = (root / rel).resolve()
+    if Path(rel).is_absolute() or not target.is_relative_to(root.resolve()):
+        raise _err(path, key, f"{rel!r} leaves the bundle; paths must stay inside {root}")
+    if not target.is_file():
+        raise _err(path, key, f"{rel!r} does not exist in the bundle")
+    return target
+
+
+def _str_list(value: Any, path: Path, key: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise _err(path, key, f"must be a non-empty list of strings, got {value!r}")
+    if allowed is not None:
+        bad = [v for v in value if v not in allowed]
+        if bad:
+            raise _err(path, key, f"unknown value(s) {bad}; allowed: {', '.join(allowed)}")
+    return tuple(value)
+
+
+def _parse_op(root: Path, path: Path, i: int, row: Any) -> OpRow:
+    where = f"ops[{i}]"
+    if not isinstance(row, dict):
+        raise _err(path, where, "each [[ops]] entry must be a table")
+    unknown = sorted(set(row) - set(OP_KEYS))
+    if unknown:
+        raise _err(path, f"{where}.{unknown[0]}", f"unknown key; allowed: {', '.join(OP_KEYS)}")
+    for key in ("slot", "source", "entry"):
+        if key not in row:
+            raise _err(path, f"{where}.{key}", "required key is missing")
+    slot = row["slot"]
+    if slot not in CATALOG:
+        raise _err(path, f"{where}.slot", f"unknown slot {slot!r}; known: {', '.join(sorted(CATALOG))}")
+    _inside(root, row["source"], path, f"{where}.source")
+    if not str(row["source"]).endswith(".py"):
+        raise _err(path, f"{where}.source", "must be a Python source file (.py); native artifacts use the direct-artifact form")
+    for key in ("entry", "prepare"):
+        if key in row and (not isinstance(row[key], str) or not _IDENT.match(row[key])):
+            raise _err(path, f"{where}.{key}", f"must be a Python identifier, got {row[key]!r}")
+    needs_prepare = CATALOG[slot].slot.needs_prepare
+    if needs_prepare and "prepare" not in row:
+        raise _err(path, f"{where}.prepare", f"slot {slot} has a prepare step ({CATALOG[slot].slot.signature()}); name the function")
+    if not needs_prepare and "prepare" in row:
+        raise _err(path, f"{where}.prepare", f"slot {slot} has no prepare step; remove the key")
+    variant = row.get("variant")
+    if variant is not None and (not isinstance(variant, str) or not variant):
+        raise _err(path, f"{where}.variant", f"must be a non-empty string, got {variant!r}")
+    dtypes = _str_list(row["dtypes"], path, f"{where}.dtypes", DTYPES) if "dtypes" in row else ()
+    archs = _str_list(row["architectures"], path, f"{where}.architectures") if "architectures" in row else ()
+    graph_safe = row.get("graph_safe", False)
+    if not isinstance(graph_safe, bool):
+        raise _err(path, f"{where}.graph_safe", f"must be true or false, got {graph_safe!r}")
+    model = None
+    if "metadata" in row:
+        meta_path = _inside(root, row["metadata"], path, f"{where}.metadata")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise _err(path, f"{where}.metadata", f"{row['metadata']} is not valid JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise _err(path, f"{where}.metadata", f"{row['metadata']} must hold a JSON object")
+        model = meta.get("model")
+        if model is not None and model not in MODELS:
+            raise _err(path, f"{where}.metadata", f"model {model!r} in {row['metadata']} is unknown; known: {', '.join(MODELS)}")
+    domain_spec = row.get("domain", {})
+    if not isinstance(domain_spec, dict):
+        raise _err(path, f"{where}.domain", "must be a table of {field = {predicate = value}}")
+    try:
+        domain = CapabilityDomain.from_mapping(domain_spec)
+    except CapabilityError as exc:
+        raise _err(path, f"{where}.domain", str(exc)) from None
+    extra = {}
+    if dtypes:
+        extra["dtype"] = {"one_of": list(dtypes)}
+    if archs:
+        extra["arch"] = {"one_of": list(archs)}
+    if extra:
+        domain = CapabilityDomain(domain.predicates + CapabilityDomain.from_mapping(extra).predicates)
+    return OpRow(i, slot, row["source"], row["entry"], variant, row.get("prepare"), dtypes, archs,
+                 row.get("metadata"), model, domain, graph_safe)
+
+
+def load_manifest(bundle: str | Path) -> Manifest:
+    """Parse and statically validate ``BUNDLE/manifest.toml`` (no candidate code runs)."""
+    root = Path(bundle)
+    path = root / "manifest.toml" if root.is_dir() else root
+    root = path.parent
+    if not path.is_file():
+        raise ManifestError(f"{path}: no manifest.toml found; a bundle is a directory holding manifest.toml and its sources")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: not valid TOML ({exc})") from None
+    unknown = sorted(set(data) - set(TOP_KEYS))
+    if unknown:
+        raise _err(path, unknown[0], f"unknown top-level key; allowed: {', '.join(TOP_KEYS)}")
+    for key in ("bundle_id", "abi_version"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise _err(path, key, "required string is missing or empty")
+    if data["abi_version"] != ABI_VERSION:
+        raise _err(path, "abi_version", f"{data['abi_version']!r} is not supported; allowed: {ABI_VERSION!r}")
+    competition = data.get("competition", {})
+    if not isinstance(competition, dict):
+        raise _err(path, "competition", "must be a table with target and mode")
+    for key, value in competition.items():
+        if key not in COMPETITION_KEYS:
+            raise _err(path, f"competition.{key}", f"unknown key; allowed: {', '.join(COMPETITION_KEYS)}")
+        if not isinstance(value, str):
+            raise _err(path, f"competition.{key}", f"must be a string, got {value!r}")
+    ops = data.get("ops")
+    if not isinstance(ops, list) or not ops:
+        raise _err(path, "ops", "at least one [[ops]] table is required")
+    rows = tuple(_parse_op(root, path, i, row) for i, row in enumerate(ops))
+    _check_variants(path, rows)
+    return Manifest(root.resolve(), path, data["bundle_id"], data["abi_version"], dict(competition), rows)
+
+
+def _check_variants(path: Path, rows: tuple[OpRow, ...]) -> None:
+    by_slot: dict[str, list[OpRow]] = {}
+    for r in rows:
+        by_slot.setdefault(r.slot, []).append(r)
+    for slot, group in by_slot.items():
+        if len(group) == 1:
+            continue
+        for r in group:
+            if r.variant is None:
+                raise _err(path, f"ops[{r.index}].variant", f"slot {slot} appears {len(group)} times; every row needs a variant name")
+        names = [r.variant for r in group]
+        if len(set(names)) != len(names):
+            raise _err(path, f"ops[{group[0].index}].variant", f"variant names for {slot} repeat: {names}")
+        for i, a in enumerate(group):
+            for b in group[i + 1:]:
+                if domains_overlap(a.domain, b.domain):
+                    raise _err(path, f"ops[{b.index}].domain",
+                               f"variants {a.variant!r} and {b.variant!r} of {slot} overlap ({a.domain.describe()} / "
+                               f"{b.domain.describe()}); make their domains disjoint")

@@ -1,0 +1,63 @@
+"""Human-readable verification tables (one per slot) and failure reasons."""
+from __future__ import annotations
+
+from kernelslot.verify.report import FAIL, PASS, SKIP, ProfileResult, SlotReport
+
+# Table columns: a heading and the checks it summarises (a column fails if any of its checks fails).
+COLUMNS = (
+    ("prep", ("prepare",)),
+    ("abi", ("raised", "returned_value", "output_storage_swapped", "output_aliases_input", "retained_tensor")),
+    ("inputs", ("input_mutated",)),
+    ("poison", ("poison_left",)),
+    ("bounds", ("out_of_bounds_write",)),
+    ("compare", ("compare", "audit")),
+    ("replay", ("replay",)),
+    ("graph", ("graph_replay",)),
+)
+MARK = {PASS: "ok", FAIL: "FAIL", SKIP: "-"}
+
+
+def _cell(result: ProfileResult, checks: tuple[str, ...]) -> str:
+    statuses = [c.status for c in result.checks if c.name in checks]
+    if not statuses:
+        return "-"
+    if FAIL in statuses:
+        return MARK[FAIL]
+    return MARK[PASS] if PASS in statuses else MARK[SKIP]
+
+
+def _metric(result: ProfileResult) -> str:
+    parts = [f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())]
+    if "candidate_s" in result.timing:
+        t = f"{result.timing['candidate_s'] * 1e3:.3g}ms"
+        if "speedup" in result.timing:
+            t += f" x{result.timing['speedup']:.2f}"
+        parts.append(t)
+    return " ".join(parts)
+
+
+def render_slot(report: SlotReport, comparator: str) -> str:
+    lines = [f"{report.slot}  [{report.kernel}; {report.runner}; {report.device}]  comparator: {comparator}"]
+    header = ["profile", "dtype", "model", "seed", "status"] + [c for c, _ in COLUMNS] + ["metrics"]
+    rows = []
+    for r in report.results:
+        if r.skipped_reason:
+            rows.append([r.profile, r.dtype, r.model, str(r.seed), "skip"] + ["-"] * len(COLUMNS) + [r.skipped_reason])
+            continue
+        rows.append([r.profile, r.dtype, r.model, str(r.seed), "PASS" if r.passed else "FAIL"]
+                    + [_cell(r, checks) for _, checks in COLUMNS] + [_metric(r)])
+    widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
+    fmt = lambda row: "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+    lines.append(fmt(header))
+    lines.extend(fmt(row) for row in rows)
+    for r in report.results:
+        for c in r.failures():
+            first_line = c.message.strip().splitlines()[0] if c.message.strip() else ""
+            lines.append(f"  ! {r.profile}[{r.dtype}] seed {r.seed}: {c.name}: {first_line}")
+    for e in report.errors:
+        lines.append(f"  ! {e}")
+    ran = [r for r in report.results if not r.skipped_reason]
+    passed = sum(r.passed for r in ran)
+    lines.append(f"  => {'PASS' if report.passed else 'FAIL'}: {passed}/{len(ran)} profile runs passed"
+                 + (f", {len(report.results) - len(ran)} skipped" if len(ran) != len(report.results) else ""))
+    return "\n".join(lines)

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import torch
+
+from kernelslot.abi import AllClose, AllOf, Cosine, MatchedRatio, TopKOverlap
+
+
+def test_allclose_rejects_nan_and_reports_location():
+    e = torch.ones(4, 4)
+    a = e.clone()
+    a[2, 3] = float("nan")
+    v = AllClose().compare(a, e)
+    assert not v.passed and "[2, 3]" in v.detail
+    assert AllClose().compare(e.clone(), e).passed
+
+
+def test_matched_ratio_threshold():
+    e = torch.zeros(100)
+    a = e.clone()
+    a[:2] = 1.0
+    assert MatchedRatio(0.97).compare(a, e).passed
+    a[:5] = 1.0
+    assert not MatchedRatio(0.97).compare(a, e).passed
+
+
+def test_bf16_tolerance_is_looser():
+    e = torch.full((10,), 1.0)
+    a = torch.full((10,), 1.015).to(torch.bfloat16)
+    assert AllClose().compare(a, e).passed
+    assert not AllClose().compare(a.float(), e).passed
+
+
+def test_cosine_norm_guard_catches_scaled_output():
+    e = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    assert Cosine(0.99).compare(e * 1.01, e).passed
+    v = Cosine(0.99).compare(e * 2.0, e)
+    assert not v.passed and "relative norm" in v.detail
+    assert not Cosine(0.99).compare(torch.full_like(e, float("inf")), e).passed
+
+
+def test_topk_overlap_scores_with_ties_and_nan():
+    e = torch.tensor([[5.0, 4.0, 4.0, 1.0, float("-inf")]])
+    a_tie = torch.tensor([[5.0, 0.0, 4.0, 1.0, float("-inf")]])  # picks the other tied cell
+    assert TopKOverlap(2, 1.0).compare(a_tie, e).passed
+    a_bad = torch.tensor([[0.0, 0.0, 0.0, 5.0, 4.0]])
+    assert not TopKOverlap(2, 0.5).compare(a_bad, e).passed
+    a_nan = e.clone()
+    a_nan[0, 3] = float("nan")
+    assert "NaN" in TopKOverlap(2, 0.0).compare(a_nan, e).detail
+
+
+def test_topk_overlap_indices_per_row():
+    e = torch.tensor([[0, 1, 2, -1], [3, 4, -1, -1]])
+    a = torch.tensor([[2, 1, 0, -1], [3, 5, -1, -1]])
+    assert TopKOverlap(4, 0.75, mode="indices").compare(a, e).passed
+    assert not TopKOverlap(4, 0.75, mode="indices", per_row=True).compare(a, e).passed
+
+
+def test_allof_reports_first_failure():
+    e = torch.ones(10)
+    v = AllOf((Cosine(0.99), MatchedRatio(0.97))).compare(e * 3, e)
+    assert not v.passed and v.metric == "cosine"

@@ -1,0 +1,39 @@
+"""Every example bundle gets its documented verdict through the CLI."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kernelslot.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+# example -> (exit status, text that must appear in stdout+stderr)
+EXPECTED = {
+    "honest_activation": (0, "PASS: 1/1 slots passed"),
+    "honest_norm": (0, "PASS: 1/1 slots passed"),
+    "honest_attention": (0, "PASS: 1/1 slots passed"),
+    "broken_partial_write": (1, "poison_left"),
+    "broken_returns_tensor": (1, "returned_value"),
+    "broken_unknown_slot": (2, "ops[0].slot: unknown slot 'activation.gelu_and_mul'"),
+    "broken_path_escape": (2, "leaves the bundle"),
+    "broken_overlapping_variants": (2, "overlap"),
+    "broken_wrong_arity": (2, "takes 3 positional arguments, the slot passes 4"),
+    "broken_bad_predicate": (2, "unknown predicate 'at_most'"),
+}
+
+
+def test_every_example_has_an_expectation():
+    assert {p.name for p in EXAMPLES.iterdir() if p.is_dir()} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_example_verdict(name, capsys):
+    status, text = EXPECTED[name]
+    rc = main(["verify", str(EXAMPLES / name), "--quiet", "--dtype", "float32", "--dtype", "bfloat16"])
+    out = capsys.readouterr()
+    assert rc == status, out.out + out.err
+    assert text in out.out + out.err
+    if status == 2:  # bad input is one line, never a traceback
+        assert "Traceback" not in out.err and len(out.err.strip().splitlines()) == 1

@@ -1,0 +1,37 @@
+"""Every cheat kernel under tests/cheats/ must fail the referee with a check that names it."""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import pytest
+import torch
+
+import tests.cheats as cheats_pkg
+from kernelslot.slots import Candidate, Kernel, get_slot
+from kernelslot.verify import VerifyOptions, verify_slot
+
+CHEATS = sorted(
+    m.name for m in pkgutil.iter_modules(cheats_pkg.__path__)
+    if hasattr(importlib.import_module(f"tests.cheats.{m.name}"), "CATCHES")
+)
+OPTS = VerifyOptions(dtypes=(torch.float32, torch.bfloat16))
+
+
+@pytest.mark.parametrize("name", CHEATS)
+def test_cheat_fails_with_named_check(name):
+    mod = importlib.import_module(f"tests.cheats.{name}")
+    if getattr(mod, "SKIP_GENERIC", False):
+        pytest.skip(f"{name} is exercised by its own test module")
+    defn = get_slot(mod.SLOT)
+    kernel = Kernel(mod.entry, getattr(mod, "prepare", None), name=f"cheat.{name}")
+    report = verify_slot(defn, Candidate(kernel), OPTS)
+    assert not report.passed, f"cheat {name} passed the referee"
+    caught = report.failed_checks()
+    assert caught & set(mod.CATCHES), f"cheat {name} failed only {sorted(caught)}, expected one of {sorted(mod.CATCHES)}"
+
+
+@pytest.mark.parametrize("slot", sorted({importlib.import_module(f"tests.cheats.{n}").SLOT for n in CHEATS}))
+def test_honest_incumbent_passes_same_options(slot):
+    defn = get_slot(slot)
+    assert verify_slot(defn, Candidate(defn.incumbent), OPTS).passed
