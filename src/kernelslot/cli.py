@@ -91,7 +91,7 @@ def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Candidate]]
                 raise UsageError(f"--slot {s}: the bundle has no op for it; it has {', '.join(sorted(cands))}")
         return [(s, c) for s, c in cands.items() if not args.slot or s in args.slot], bundle
     names = args.slot or sorted(CATALOG)
-    return [(n, [Candidate(get_slot(n).incumbent)]) for n in names], None
+    return [(n, list(get_slot(n).builtin_candidates())) for n in names], None
 
 
 def _make_runner(args: argparse.Namespace, bundle: object | None):

@@ -27,6 +27,7 @@ class Profile:
     dtype: torch.dtype
     model: str = "generic"
     tags: frozenset[str] = frozenset()
+    comparator: Comparator | None = None  # overrides the slot's comparator (e.g. low-bit profiles)
 
     @property
     def label(self) -> str:
@@ -115,12 +116,19 @@ class SlotDef:
     describe: Callable[[Case], CallDescriptor]
     audit: Callable[[Case, dict[str, torch.Tensor]], list[str]] | None = None
     notes: str = ""
+    # The built-in kernels as routed variants (e.g. one per model activation); default: the incumbent alone.
+    builtins: tuple["Candidate", ...] = ()
+
+    def builtin_candidates(self) -> tuple["Candidate", ...]:
+        return self.builtins or (Candidate(self.incumbent),)
 
     @property
     def name(self) -> str:
         return self.slot.name
 
-    def comparator_for(self, output: str) -> Comparator:
+    def comparator_for(self, output: str, profile: Profile | None = None) -> Comparator:
+        if profile is not None and profile.comparator is not None:
+            return profile.comparator
         if isinstance(self.comparator, Mapping):
             return self.comparator[output]
         return self.comparator

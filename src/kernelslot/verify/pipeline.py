@@ -211,7 +211,7 @@ class _ProfileRun:
     def compare(self, outputs: dict, expected: dict, label: str, check: str) -> bool:
         ok = True
         for out_name, alloc in outputs.items():
-            verdict = self.defn.comparator_for(out_name).compare(alloc.view.detach().cpu(), expected[out_name])
+            verdict = self.defn.comparator_for(out_name, self.profile).compare(alloc.view.detach().cpu(), expected[out_name])
             key = f"{out_name}.{verdict.metric}"
             self.result.metrics[key] = min(self.result.metrics.get(key, verdict.value), verdict.value)  # worst call
             if not verdict.passed:

@@ -1,0 +1,52 @@
+"""Built-in ``moe.fused_experts`` kernels: the MoE block's selective leaf behind the slot ABI.
+
+``prepare`` accepts the slot's two forms: dense ``prepare(w13, w2)`` and the tagged NVFP4 view
+``prepare("nvfp4_layer", Nvfp4MoeLayer)``; it returns :class:`ExpertWeights` (the NVFP4 scales
+unswizzled once here, the outer scale ``g_alpha·a_inv`` folded per expert). The activation is
+a model fact, so there is one entry per activation family; the slot routes between them by
+the ``model`` field of the call descriptor.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernelslot.formats import Nvfp4MoeLayer, unswizzle_scales_128x4
+from kernelslot.kernels.moe_block import ExpertActivation, ExpertWeights, fused_experts_forward, prepare_fused_experts
+
+NVFP4_TAG = "nvfp4_layer"
+SILU = ExpertActivation("silu")
+SWIGLUOAI = ExpertActivation.swigluoai(1.702, 7.0)
+
+
+def _from_nvfp4_view(view: Nvfp4MoeLayer) -> ExpertWeights:
+    e, two_i, half_h = view.w13_weight.shape
+    hidden, inter = half_h * 2, view.intermediate_size
+    return ExpertWeights(
+        "nvfp4",
+        view.w13_weight,
+        view.w2_weight,
+        gate_up_scale=unswizzle_scales_128x4(view.w13_weight_scale, two_i, hidden // 16),
+        down_scale=unswizzle_scales_128x4(view.w2_weight_scale, hidden, inter // 16),
+        gate_up_outer=view.g1_alphas * view.a1_inv,
+        down_outer=view.g2_alphas * view.a2_inv,
+    )
+
+
+def prepare(w13_or_tag, w2_or_view) -> ExpertWeights:
+    if isinstance(w13_or_tag, str):
+        if w13_or_tag != NVFP4_TAG or not isinstance(w2_or_view, Nvfp4MoeLayer):
+            raise ValueError(f"prepare: tagged form must be prepare({NVFP4_TAG!r}, Nvfp4MoeLayer), got {w13_or_tag!r}")
+        return _from_nvfp4_view(w2_or_view)
+    return prepare_fused_experts(w13_or_tag, w2_or_view)
+
+
+def fused_experts_silu(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, prepared: ExpertWeights,
+                       out: torch.Tensor) -> None:
+    """``out[m] = Σ_k w[m,k]·W2[e]·(silu(g)·u)``; ids of -1 contribute nothing."""
+    fused_experts_forward(x, topk_ids, topk_weights, prepared, SILU, out)
+
+
+def fused_experts_swigluoai(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                            prepared: ExpertWeights, out: torch.Tensor) -> None:
+    """As :func:`fused_experts_silu` with swigluoai(α=1.702, limit=7) (GPT-OSS, MiniMax-M3)."""
+    fused_experts_forward(x, topk_ids, topk_weights, prepared, SWIGLUOAI, out)

@@ -1,0 +1,145 @@
+"""moe.fused_experts: the local expert computation behind a prepare/forward split.
+
+``prepare(w13, w2) -> prepared`` once at load (or ``prepare("nvfp4_layer", view)`` on the NVFP4
+profile); ``entry(x, topk_ids, topk_weights, prepared, out)``:
+``out[m] = Σ_k w[m,k]·W2[e]·act(W13[e]·x[m])`` with ``e = topk_ids[m,k]``; ids of -1 contribute
+nothing; ``topk_weights`` are raw positive multipliers (rows need not sum to 1; a K=1 weight
+need not be 1). ``act`` is the model's (SiLU for generic, swigluoai for MiniMax-M3).
+
+Comparators: matched_ratio ≥ 0.97 for dense weights. The NVFP4 profile's reference dequantises
+the view independently and computes in fp32, so an honest candidate differs only by its
+activation rounding and summation order: it must reach cosine ≥ 0.999 with the relative norm
+error within 1%, and matched_ratio ≥ 0.90 at the dtype's tolerance. A candidate that drops the
+block scales or the outer scale fails the cosine or the norm guard.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernelslot.abi import AllOf, Arg, CallDescriptor, CapabilityDomain, Cosine, MatchedRatio, OutputSpec, Role, Slot, SlotKind
+from kernelslot.formats import dequantize_moe_layer_nvfp4, quantize_moe_layer_nvfp4
+from kernelslot.kernels import moe as builtin
+from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.models import model_profile
+
+FUSED_EXPERTS = Slot(
+    "moe.fused_experts",
+    SlotKind.BLOCK,
+    (Arg("x", Role.INPUT), Arg("topk_ids", Role.INPUT), Arg("topk_weights", Role.INPUT),
+     Arg("prepared", Role.PREPARED), Arg("out", Role.OUTPUT)),
+    prepare_args=("w13", "w2"),
+    summary="out[m] = sum_k w[m,k] * W2[e] act(W13[e] x[m]); -1 ids contribute nothing; raw weights",
+)
+
+NVFP4_COMPARATOR = AllOf((Cosine(0.999, 0.01), MatchedRatio(0.90)))
+
+# name: (M, E, K, H, I, minus_one_fraction, weight range, x scale, model, quant)
+_PROFILES = {
+    "decode_t1_k1_raw_weight": (1, 4, 1, 64, 32, 0.0, (0.2, 0.6), 1.0, "generic", "dense"),
+    "ragged_batch_nonpow2": (13, 6, 2, 96, 80, 0.0, (0.1, 3.0), 1.0, "generic", "dense"),
+    "ep_shard_minus_one": (9, 8, 4, 64, 48, 0.35, (0.1, 1.0), 1.0, "generic", "dense"),
+    "all_ids_minus_one_rows": (6, 4, 2, 64, 32, 1.0, (0.1, 1.0), 1.0, "generic", "dense"),
+    "minimax_swigluoai_clamped": (7, 8, 4, 128, 64, 0.0, (0.05, 0.5), 4.0, "MiniMax-M3", "dense"),
+    "minimax_nvfp4": (5, 6, 4, 128, 64, 0.0, (0.05, 0.5), 1.0, "MiniMax-M3", "nvfp4"),
+}
+
+
+def _make_case(profile: Profile, gen: torch.Generator) -> Case:
+    m, e, k, h, i, drop, (wlo, whi), xscale, _, quant = (profile.dims[n] for n in (
+        "M", "E", "K", "H", "I", "drop", "wrange", "xscale", "model", "quant"))
+    dt = profile.dtype
+    x = randn((m, h), gen, dt, xscale)
+    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(m)]).to(torch.int32)
+    if drop >= 1.0:
+        ids[::2] = -1  # every other row routes nowhere (fully remote tokens)
+    elif drop > 0:
+        ids[torch.rand(m, k, generator=gen) < drop] = -1
+    weights = (torch.rand(m, k, generator=gen) * (whi - wlo) + wlo).float()
+    w13 = randn((e, 2 * i, h), gen, torch.float32, h ** -0.5)
+    w2 = randn((e, h, i), gen, torch.float32, i ** -0.5)
+    meta = {"activation": model_profile(profile.model).activation}
+    if quant == "nvfp4":
+        view = quantize_moe_layer_nvfp4(w13, w2, generator=gen)
+        prepare_args = ("nvfp4_layer", view)
+    else:
+        prepare_args = (w13.to(dt), w2.to(dt))
+    return Case(
+        inputs={"x": x, "topk_ids": ids, "topk_weights": weights},
+        outputs={"out": OutputSpec((m, h), dt)},
+        prepare_args=prepare_args,
+        live=("x", "topk_ids", "topk_weights"),
+        meta=meta,
+    )
+
+
+def _act_reference(g: torch.Tensor, u: torch.Tensor, act) -> torch.Tensor:
+    if act.kind == "swigluoai":
+        limit = act.gate_clamp[1]
+        g = g.clamp(max=limit)
+        u = u.clamp(-limit, limit)
+        return g * torch.sigmoid(act.alpha * g) * (u + 1.0)
+    if act.kind == "silu":
+        return torch.nn.functional.silu(g) * u
+    raise ValueError(f"no reference for activation {act.kind}")
+
+
+def _reference(case: Case) -> dict[str, torch.Tensor]:
+    a, b = case.prepare_args
+    w13, w2 = dequantize_moe_layer_nvfp4(b) if isinstance(a, str) else (a, b)
+    w13, w2 = w13.double(), w2.double()
+    x = case.inputs["x"].double()
+    ids, weights = case.inputs["topk_ids"], case.inputs["topk_weights"].double()
+    inter = w2.shape[2]
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for m in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[m, j])
+            if e < 0:
+                continue
+            gu = w13[e] @ x[m]
+            out[m] += weights[m, j] * (w2[e] @ _act_reference(gu[:inter], gu[inter:], case.meta["activation"]))
+    return {"out": out.float()}
+
+
+def _describe(case: Case) -> CallDescriptor:
+    a, b = case.prepare_args
+    x, ids = case.inputs["x"], case.inputs["topk_ids"]
+    quant = "nvfp4" if isinstance(a, str) else "dense"
+    e = b.num_experts if quant == "nvfp4" else a.shape[0]
+    inter = b.intermediate_size if quant == "nvfp4" else b.shape[2]
+    return CallDescriptor(phase="decode", num_tokens=x.shape[0], batch_size=x.shape[0], top_k=ids.shape[1],
+                          hidden_size=x.shape[1], intermediate_size=inter, num_experts=e, quant=quant)
+
+
+def _profiles() -> tuple[Profile, ...]:
+    out = []
+    for name, (m, e, k, h, i, drop, wr, xs, model, quant) in _PROFILES.items():
+        dtypes = (torch.float32, torch.bfloat16) if quant == "nvfp4" else (torch.float32, torch.bfloat16, torch.float16)
+        for dt in dtypes:
+            out.append(Profile(
+                name, {"M": m, "E": e, "K": k, "H": h, "I": i, "drop": drop, "wrange": wr, "xscale": xs,
+                       "model": model, "quant": quant},
+                dt, model=model, tags=frozenset({"adversarial"}) if drop or m == 1 or m % 2 else frozenset(),
+                comparator=NVFP4_COMPARATOR if quant == "nvfp4" else None,
+            ))
+    return tuple(out)
+
+
+SILU_KERNEL = Kernel(builtin.fused_experts_silu, builtin.prepare, name="builtin.fused_experts[silu]")
+SWIGLUOAI_KERNEL = Kernel(builtin.fused_experts_swigluoai, builtin.prepare, name="builtin.fused_experts[swigluoai]")
+
+SLOTS = (
+    SlotDef(
+        slot=FUSED_EXPERTS,
+        make_case=_make_case,
+        reference=_reference,
+        comparator=MatchedRatio(0.97),
+        profiles=_profiles(),
+        incumbent=SILU_KERNEL,
+        describe=_describe,
+        builtins=(
+            Candidate(SILU_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["generic", "qwen3-moe"]}})),
+            Candidate(SWIGLUOAI_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["MiniMax-M3", "gpt-oss"]}})),
+        ),
+    ),
+)
