@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from kernelslot.abi import CapabilityDomain, OutputSpec, allocate_output
+from kernelslot.abi.tensor_spec import FINITE_POISON
 from kernelslot.slots import Candidate, Kernel, get_slot
 from kernelslot.verify import VerifyOptions, verify_slot
 
@@ -24,7 +25,8 @@ def test_padded_outputs_are_not_contiguous_and_canaried():
 
 
 def spy(x, out):
-    seen.append({"nan": bool(torch.isnan(out).all()), "ptr": x.data_ptr(), "x0": x.reshape(-1)[-1].item()})
+    poisoned = bool(torch.isnan(out).all() or (out == FINITE_POISON).all())
+    seen.append({"nan": poisoned, "finite": not torch.isnan(out).any(), "ptr": x.data_ptr(), "x0": x.reshape(-1)[-1].item()})
     d = x.shape[-1] // 2
     out.copy_(torch.nn.functional.silu(x[..., :d].float()) * x[..., d:].float())
 
@@ -35,6 +37,7 @@ def test_every_call_sees_poison_and_fresh_inputs_at_stable_addresses():
     report = verify_slot(defn, Candidate(Kernel(spy, name="spy")), VerifyOptions(dtypes=(torch.float32,), profiles=("decode_batch",), replays=3))
     assert report.passed
     assert len(seen) == 4 and all(s["nan"] for s in seen)  # poisoned before the eager call too
+    assert [s["finite"] for s in seen] == [False, True, False, False]  # one replay uses a finite sentinel
     assert len({s["ptr"] for s in seen}) == 1  # same storage across replays
     assert len({s["x0"] for s in seen}) == 4  # fresh values every call
 

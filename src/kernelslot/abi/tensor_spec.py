@@ -28,10 +28,15 @@ class OutputSpec:
         object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
 
 
-def poison_value(dtype: torch.dtype) -> float | int:
-    """NaN for floating outputs; the most negative integer for integer outputs (-1 is often legal)."""
+FINITE_POISON = -31337.0  # stored, then compared bit-exactly in the output's dtype
+
+
+def poison_value(dtype: torch.dtype, finite: bool = False) -> float | int:
+    """NaN for floating outputs (or, with ``finite``, a plausible-looking sentinel, so that a
+    kernel which behaves differently when it sees NaN in its output is exercised too); the most
+    negative integer for integer outputs (-1 is often legal)."""
     if dtype.is_floating_point:
-        return float("nan")
+        return FINITE_POISON if finite else float("nan")
     if dtype == torch.bool:
         raise ValueError("bool outputs cannot be poisoned; use an integer dtype")
     return int(torch.iinfo(dtype).min)
@@ -52,8 +57,19 @@ class AllocatedOutput:
     base: torch.Tensor
     mask: torch.Tensor  # bool over ``base``: True where the view lives
 
-    def poison(self) -> None:
-        self.view.fill_(poison_value(self.view.dtype))
+    poisoned_finite: bool = False
+
+    def poison(self, finite: bool = False) -> None:
+        self.poisoned_finite = finite
+        self.view.fill_(poison_value(self.view.dtype, finite))
+
+    def poison_mask(self) -> torch.Tensor:
+        """True where the view still holds the poison it was last filled with."""
+        v = self.view
+        if v.dtype.is_floating_point and not self.poisoned_finite:
+            return torch.isnan(v)
+        sentinel = torch.tensor(poison_value(v.dtype, self.poisoned_finite), dtype=v.dtype, device=v.device)
+        return v == sentinel
 
     def canary_intact(self) -> bool:
         outside = self.base[~self.mask]

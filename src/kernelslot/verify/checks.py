@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import torch
 
-from kernelslot.abi import AllocatedOutput, poison_value
+from kernelslot.abi import AllocatedOutput
 from kernelslot.verify.report import FAIL, PASS, ProfileResult
 from kernelslot.verify.runner import CallObservation, TensorMeta
 
@@ -83,14 +83,12 @@ def check_call(
     for name in out_names:
         alloc = outputs[name]
         view = alloc.view
-        if view.dtype.is_floating_point:
-            left = torch.isnan(view)
-        else:
-            left = view == poison_value(view.dtype)
+        left = alloc.poison_mask()
         n_left = int(left.sum())
         if n_left:
             first = left.nonzero()[0].tolist()
-            result.record("poison_left", FAIL, f"{label}output {name}: {n_left} of {view.numel()} cells never written (first at {first})")
+            result.record("poison_left", FAIL, f"{label}output {name}: {n_left} of {view.numel()} cells never written (first at {first}; "
+                          f"poison {'finite sentinel' if alloc.poisoned_finite else 'NaN/int-min'})")
             ok = False
         if not alloc.canary_intact():
             result.record("out_of_bounds_write", FAIL, f"{label}output {name}: wrote outside its view (padding changed; honour the strides)")
