@@ -5,7 +5,7 @@ import torch
 
 from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import activation as builtin
-from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, randn
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -42,6 +42,8 @@ def _describe(case: Case) -> CallDescriptor:
     return CallDescriptor(num_tokens=x[..., 0].numel(), hidden_size=x.shape[-1] // 2)
 
 
+INCUMBENT = Kernel(builtin.silu_and_mul, name="builtin.silu_and_mul")
+
 SLOTS = (
     SlotDef(
         slot=SILU_AND_MUL,
@@ -54,7 +56,8 @@ SLOTS = (
             for name, (lead, d, scale) in _SHAPES.items()
             for dt in DTYPES
         ),
-        incumbent=Kernel(builtin.silu_and_mul, name="builtin.silu_and_mul"),
+        incumbent=INCUMBENT,
+        builtins=(Candidate(INCUMBENT, graph_safe=True),),
         describe=_describe,
     ),
 )

@@ -5,7 +5,7 @@ import torch
 
 from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import norm as builtin
-from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, randn
 from kernelslot.slots.models import model_profile
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -51,6 +51,8 @@ def _describe(case: Case) -> CallDescriptor:
     return CallDescriptor(num_tokens=x.shape[0], hidden_size=x.shape[-1])
 
 
+INCUMBENT = Kernel(builtin.rmsnorm, name="builtin.rmsnorm")
+
 SLOTS = (
     SlotDef(
         slot=RMSNORM,
@@ -63,7 +65,8 @@ SLOTS = (
             for name, (r, h, e, o, m) in _SHAPES.items()
             for dt in DTYPES
         ),
-        incumbent=Kernel(builtin.rmsnorm, name="builtin.rmsnorm"),
+        incumbent=INCUMBENT,
+        builtins=(Candidate(INCUMBENT, graph_safe=True),),
         describe=_describe,
     ),
 )
