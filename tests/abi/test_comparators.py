@@ -60,3 +60,12 @@ def test_allof_reports_first_failure():
     e = torch.ones(10)
     v = AllOf((Cosine(0.99), MatchedRatio(0.97))).compare(e * 3, e)
     assert not v.passed and v.metric == "cosine"
+
+
+def test_topk_overlap_empty_rows_agree():
+    ninf = float("-inf")
+    e = torch.tensor([[ninf, ninf], [1.0, 2.0]])
+    assert TopKOverlap(2, 1.0, per_row=True).compare(e.clone(), e).passed
+    idx = torch.tensor([[-1, -1], [0, 1]])
+    assert TopKOverlap(2, 1.0, mode="indices", per_row=True).compare(idx.clone(), idx).passed
+    assert not TopKOverlap(2, 1.0, mode="indices", per_row=True).compare(torch.tensor([[0, -1], [0, 1]]), idx).passed

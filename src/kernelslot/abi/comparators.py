@@ -134,7 +134,7 @@ class TopKOverlap:
     cells (``-inf`` = not selectable). Ties are honoured: a chosen cell counts as matching when
     its *expected* score reaches the expected k-th best score. ``mode="indices"``: both tensors
     hold selected indices with -1 for unused cells; the overlap is set intersection.
-    Each row scores ``|A∩B| / max(|A|, |B|, 1)``; the verdict uses the mean over rows, or the
+    Each row scores ``|A∩B| / max(|A|, |B|)`` (1 when both are empty); the verdict uses the mean over rows, or the
     minimum when ``per_row``. NaN and +inf in the output are rejected before anything else.
     """
 
@@ -174,14 +174,16 @@ class TopKOverlap:
         chosen_e = e_masked.gather(-1, top_a_idx)
         hit = (chosen_e >= kth) & torch.isfinite(chosen_e) & torch.isfinite(top_a_val)
         hits = hit.sum(-1).clamp(max=n_e)
-        return hits.double() / torch.maximum(torch.maximum(n_a, n_e), torch.ones_like(n_a)).double()
+        denom = torch.maximum(n_a, n_e)
+        # a row where neither side can select anything agrees perfectly
+        return torch.where(denom == 0, 1.0, hits.double() / denom.clamp(min=1).double())
 
     def _rows_indices(self, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         out = []
         for ra, re in zip(a.tolist(), e.tolist()):
             sa = {v for v in ra if v != -1}
             se = {v for v in re if v != -1}
-            out.append(len(sa & se) / max(len(sa), len(se), 1))
+            out.append(len(sa & se) / max(len(sa), len(se)) if sa or se else 1.0)
         return torch.tensor(out, dtype=torch.float64)
 
     def describe(self) -> str:

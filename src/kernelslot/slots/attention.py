@@ -1,0 +1,252 @@
+"""attention.* dense and sparse-decode slots: ``attention.sdpa`` and ``attention.decode``.
+
+- ``attention.sdpa``: ``entry(q, k, v, out, sm_scale, causal)``; q ``(T, Hq, D)``, k/v
+  ``(S, Hkv, D)``, out ``(T, Hq, D)``; query head ``h`` uses kv head ``h // (Hq/Hkv)``; with
+  ``causal`` query ``i`` sees keys ``j <= i + (S - T)`` (bottom-right aligned).
+- ``attention.decode``: ``entry(q, k_cache, v_cache, req_to_token, seq_lens, req_pool_indices,
+  topk_idx, out, sm_scale, block_size)``; paged caches ``(max_slots, Hkv, D)``; request ``b``'s
+  token ``t`` lives in slot ``req_to_token[req_pool_indices[b], t]`` (req_to_token int32
+  ``(pool, kv_len)``, seq_lens int32 ``(B,)``, req_pool_indices int64 ``(B,)``); ``topk_idx``
+  int32 ``(Hkv, B, Kb)``: the attended tokens are the union of the valid ids' blocks restricted to
+  ``t < seq_lens[b]``; -1 is excluded, a repeated id counts once, an empty set gives ``out = 0``.
+- Comparator: matched_ratio >= 0.99 at the default tolerances of the output dtype.
+
+The references are independent of :mod:`kernelslot.kernels.attention`: fp64, explicit GQA
+expansion, and (decode) a Python loop over requests and kv heads building each token set.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, OutputSpec, Role, Slot, SlotKind
+from kernelslot.kernels import attention as builtin
+from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, randn
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ADVERSARIAL = frozenset({"adversarial"})
+
+SDPA = Slot(
+    "attention.sdpa",
+    SlotKind.BLOCK,
+    (Arg("q", Role.INPUT), Arg("k", Role.INPUT), Arg("v", Role.INPUT), Arg("out", Role.OUTPUT),
+     Arg("sm_scale", Role.SCALAR), Arg("causal", Role.SCALAR)),
+    summary="softmax(sm_scale·q·kᵀ [bottom-right causal])·v with GQA; q (T,Hq,D), k/v (S,Hkv,D)",
+)
+
+DECODE = Slot(
+    "attention.decode",
+    SlotKind.BLOCK,
+    (Arg("q", Role.INPUT), Arg("k_cache", Role.INPUT), Arg("v_cache", Role.INPUT), Arg("req_to_token", Role.INPUT),
+     Arg("seq_lens", Role.INPUT), Arg("req_pool_indices", Role.INPUT), Arg("topk_idx", Role.INPUT),
+     Arg("out", Role.OUTPUT), Arg("sm_scale", Role.SCALAR), Arg("block_size", Role.SCALAR)),
+    summary="paged block-sparse decode attention over validator-selected blocks (topk_idx (Hkv,B,Kb), -1 = none)",
+)
+
+# --------------------------------------------------------------------------- attention.sdpa
+
+# name: (T, S, Hq, Hkv, D, causal, input scale, model)
+_SDPA_SHAPES = {
+    "single_token_mqa": (1, 17, 4, 1, 32, True, 1.0, "generic"),
+    "ragged_gqa_causal_nonpow2": (13, 29, 6, 2, 48, True, 1.0, "generic"),
+    "square_causal_mha": (32, 32, 8, 8, 64, True, 1.0, "generic"),
+    "cross_noncausal_gqa": (7, 50, 4, 2, 40, False, 1.0, "generic"),
+    "saturating_logits": (9, 21, 4, 4, 16, True, 4.0, "generic"),  # near one-hot softmax rows
+    "minimax_m3_prefill": (16, 48, 64, 4, 128, True, 1.0, "MiniMax-M3"),  # real head geometry
+}
+
+
+def _sdpa_case(profile: Profile, gen: torch.Generator) -> Case:
+    t, s, hq, hkv, d, causal, scale = (profile.dims[k] for k in ("T", "S", "Hq", "Hkv", "D", "causal", "scale"))
+    return Case(
+        inputs={
+            "q": randn((t, hq, d), gen, profile.dtype, scale),
+            "k": randn((s, hkv, d), gen, profile.dtype, scale),
+            "v": randn((s, hkv, d), gen, profile.dtype),
+            "sm_scale": d ** -0.5,
+            "causal": causal,
+        },
+        outputs={"out": OutputSpec((t, hq, d), profile.dtype)},
+    )
+
+
+def _sdpa_reference(case: Case) -> dict[str, torch.Tensor]:
+    q, k, v = (case.inputs[n].double() for n in ("q", "k", "v"))
+    t, hq, _ = q.shape
+    s, hkv, _ = k.shape
+    k = k.repeat_interleave(hq // hkv, dim=1)
+    v = v.repeat_interleave(hq // hkv, dim=1)
+    logits = torch.einsum("thd,shd->hts", q, k) * case.inputs["sm_scale"]
+    if case.inputs["causal"]:
+        visible = torch.arange(s).view(1, s) <= torch.arange(t).view(t, 1) + (s - t)
+        logits = logits.masked_fill(~visible, float("-inf"))
+    return {"out": torch.einsum("hts,shd->thd", logits.softmax(-1), v).float()}
+
+
+def _sdpa_describe(case: Case) -> CallDescriptor:
+    q, k = case.inputs["q"], case.inputs["k"]
+    return CallDescriptor(
+        phase="decode" if q.shape[0] == 1 else "prefill", num_tokens=q.shape[0], batch_size=1, kv_len=k.shape[0],
+        num_q_heads=q.shape[1], num_kv_heads=k.shape[1], head_dim=q.shape[2], layout="thd", quant="dense",
+    )
+
+
+# --------------------------------------------------------------------------- attention.decode
+
+# name: dict of dims. seq_lens per request; kv_len = page-table width (a multiple of block_size);
+# topk = Kb; holes/repeat/beyond: per row, punch a -1 hole / repeat an id / pick a block past
+# seq_len; empty: requests whose every row is all -1; local: always select the request's last block.
+_DECODE_SHAPES = {
+    "single_request_single_token": dict(Hq=2, Hkv=1, D=16, bs=4, seq_lens=(1,), kv_len=8, topk=3,
+                                        holes=False, repeat=True, beyond=True, empty=(), local=True, scale=1.0),
+    "ragged_gqa_padded_ids": dict(Hq=8, Hkv=2, D=32, bs=16, seq_lens=(100, 17, 64, 3), kv_len=128, topk=5,
+                                  holes=True, repeat=True, beyond=True, empty=(), local=False, scale=1.0),
+    "empty_request_nonpow2": dict(Hq=6, Hkv=3, D=24, bs=12, seq_lens=(50, 31, 77), kv_len=96, topk=4,
+                                  holes=True, repeat=False, beyond=True, empty=(1,), local=False, scale=1.0),
+    "mqa_saturating_logits": dict(Hq=5, Hkv=1, D=40, bs=8, seq_lens=(45, 9), kv_len=48, topk=6,
+                                  holes=False, repeat=True, beyond=False, empty=(), local=True, scale=3.0),
+    "minimax_m3_decode": dict(Hq=64, Hkv=4, D=128, bs=128, seq_lens=(2200, 900), kv_len=2304, topk=16,
+                              holes=False, repeat=False, beyond=False, empty=(), local=True, scale=1.0),
+}
+
+
+def _randint(gen: torch.Generator, lo: int, hi: int) -> int:
+    """A seeded integer in ``[lo, hi)``."""
+    return int(torch.randint(lo, hi, (1,), generator=gen))
+
+
+def _block_ids(gen: torch.Generator, dims: dict) -> torch.Tensor:
+    """``topk_idx (Hkv, B, Kb)`` int32 with the profile's adversarial patterns."""
+    bs, kb, n_table = dims["bs"], dims["topk"], dims["kv_len"] // dims["bs"]
+    rows = []
+    for _g in range(dims["Hkv"]):
+        per_req = []
+        for b, seq_len in enumerate(dims["seq_lens"]):
+            n_valid = math.ceil(seq_len / bs)
+            order = torch.randperm(n_valid, generator=gen).tolist()
+            if dims["local"]:
+                order.remove(n_valid - 1)
+                order.insert(0, n_valid - 1)
+            row = (order + [-1] * kb)[:kb]
+            if dims["holes"] and kb >= 3:
+                row[_randint(gen, 1, kb)] = -1
+            if dims["repeat"] and kb >= 2 and row[0] >= 0:
+                row[_randint(gen, 1, kb)] = row[0]
+            if dims["beyond"] and n_table > n_valid:
+                row[_randint(gen, 0, kb)] = _randint(gen, n_valid, n_table)
+            if b in dims["empty"]:
+                row = [-1] * kb
+            per_req.append(row)
+        rows.append(per_req)
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def _decode_case(profile: Profile, gen: torch.Generator) -> Case:
+    dims = dict(profile.dims)
+    seq_lens = dims["seq_lens"]
+    bsz, hq, hkv, d, width = len(seq_lens), dims["Hq"], dims["Hkv"], dims["D"], dims["kv_len"]
+    pool = bsz + 2
+    max_slots = sum(seq_lens) + 7
+    # Live tokens get distinct scattered slots; cells past seq_len hold stale (valid) slot numbers.
+    table = torch.randint(0, max_slots, (pool, width), generator=gen, dtype=torch.int32)
+    pool_rows = torch.randperm(pool, generator=gen)[:bsz]
+    fresh = torch.randperm(max_slots, generator=gen).to(torch.int32)
+    start = 0
+    for b, seq_len in enumerate(seq_lens):
+        table[pool_rows[b], :seq_len] = fresh[start:start + seq_len]
+        start += seq_len
+    return Case(
+        inputs={
+            "q": randn((bsz, hq, d), gen, profile.dtype, dims["scale"]),
+            "k_cache": randn((max_slots, hkv, d), gen, profile.dtype, dims["scale"]),
+            "v_cache": randn((max_slots, hkv, d), gen, profile.dtype),
+            "req_to_token": table,
+            "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
+            "req_pool_indices": pool_rows.to(torch.int64),
+            "topk_idx": _block_ids(gen, dims),
+            "sm_scale": d ** -0.5,
+            "block_size": dims["bs"],
+        },
+        outputs={"out": OutputSpec((bsz, hq, d), profile.dtype)},
+    )
+
+
+def _decode_reference(case: Case) -> dict[str, torch.Tensor]:
+    inp = case.inputs
+    q = inp["q"].double()
+    bsz, hq, d = q.shape
+    hkv = inp["k_cache"].shape[1]
+    group = hq // hkv
+    bs = inp["block_size"]
+    out = torch.zeros(bsz, hq, d, dtype=torch.float64)
+    ids, seq_lens, pool_rows = inp["topk_idx"].tolist(), inp["seq_lens"].tolist(), inp["req_pool_indices"].tolist()
+    for b in range(bsz):
+        seq_len = seq_lens[b]
+        page_row = inp["req_to_token"][pool_rows[b]]
+        for g in range(hkv):
+            blocks = {j for j in ids[g][b] if j >= 0}
+            tokens = sorted(t for j in blocks for t in range(j * bs, min((j + 1) * bs, seq_len)))
+            if not tokens:
+                continue  # nothing to attend: the output stays 0
+            slots = page_row[torch.tensor(tokens)].long()
+            keys = inp["k_cache"][slots, g].double()  # (n, D)
+            values = inp["v_cache"][slots, g].double()
+            heads = slice(g * group, (g + 1) * group)
+            probs = (q[b, heads] @ keys.T * inp["sm_scale"]).softmax(-1)
+            out[b, heads] = probs @ values
+    return {"out": out.float()}
+
+
+def _decode_describe(case: Case) -> CallDescriptor:
+    q, kc, ids = case.inputs["q"], case.inputs["k_cache"], case.inputs["topk_idx"]
+    return CallDescriptor(
+        phase="decode", batch_size=q.shape[0], num_tokens=q.shape[0], kv_len=case.inputs["req_to_token"].shape[1],
+        top_k=ids.shape[2], block_size=case.inputs["block_size"], num_q_heads=q.shape[1], num_kv_heads=kc.shape[1],
+        head_dim=q.shape[2], layout="paged", quant="dense",
+    )
+
+
+def _profiles(shapes: dict, model_of: Callable[[str, dict], str], adversarial: set[str]) -> tuple[Profile, ...]:
+    return tuple(
+        Profile(name, dims, dt, model=model_of(name, dims), tags=ADVERSARIAL if name in adversarial else frozenset())
+        for name, dims in shapes.items()
+        for dt in DTYPES
+    )
+
+
+_SDPA_DIMS = {
+    name: dict(T=t, S=s, Hq=hq, Hkv=hkv, D=d, causal=causal, scale=scale, model=model)
+    for name, (t, s, hq, hkv, d, causal, scale, model) in _SDPA_SHAPES.items()
+}
+
+SDPA_INCUMBENT = Kernel(builtin.sdpa, name="builtin.sdpa")
+DECODE_INCUMBENT = Kernel(builtin.decode, name="builtin.decode")
+
+SLOTS = (
+    SlotDef(
+        slot=SDPA,
+        make_case=_sdpa_case,
+        reference=_sdpa_reference,
+        comparator=MatchedRatio(0.99),
+        profiles=_profiles(_SDPA_DIMS, lambda n, d: d["model"],
+                           {"single_token_mqa", "ragged_gqa_causal_nonpow2", "saturating_logits"}),
+        incumbent=SDPA_INCUMBENT,
+        describe=_sdpa_describe,
+        builtins=(Candidate(SDPA_INCUMBENT, graph_safe=True),),
+    ),
+    SlotDef(
+        slot=DECODE,
+        make_case=_decode_case,
+        reference=_decode_reference,
+        comparator=MatchedRatio(0.99),
+        profiles=_profiles(_DECODE_SHAPES, lambda n, d: "MiniMax-M3" if n.startswith("minimax") else "generic",
+                           {"single_request_single_token", "ragged_gqa_padded_ids", "empty_request_nonpow2",
+                            "mqa_saturating_logits"}),
+        incumbent=DECODE_INCUMBENT,
+        describe=_decode_describe,
+        builtins=(Candidate(DECODE_INCUMBENT, graph_safe=True),),
+        notes="graph-safe incumbent: masks instead of data-dependent shapes; no host synchronisation",
+    ),
+)
