@@ -76,8 +76,12 @@ def _options(args: argparse.Namespace):
         raise UsageError(f"--model {args.model!r} is unknown; known: {', '.join(MODELS)}")
     if args.replays < 2:
         raise UsageError("--replays must be at least 2 (fresh-input replay catches cached results)")
+    if any(w < 2 for w in args.world_size or []):
+        raise UsageError("--world-size must be at least 2 (collective slots run one process per rank)")
     return VerifyOptions(device=args.device, dtypes=dtypes, seeds=tuple(range(args.seeds)), replays=args.replays,
-                         profiles=tuple(args.profile) if args.profile else None, model=args.model, time=args.time)
+                         profiles=tuple(args.profile) if args.profile else None, model=args.model, time=args.time,
+                         world_sizes=tuple(args.world_size) if args.world_size else VerifyOptions.world_sizes,
+                         collective_timeout_s=args.timeout)
 
 
 def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Candidate]]], object | None]:
@@ -95,9 +99,13 @@ def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Candidate]]
 
 
 def _make_runner(args: argparse.Namespace, bundle: object | None):
-    from kernelslot.verify import InProcessRunner
+    """Bundles run isolated in a worker process by default; built-in kernels are trusted code."""
+    from kernelslot.verify.worker import make_runner
 
-    return InProcessRunner()
+    isolate = args.isolate if args.isolate is not None else bundle is not None
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    return make_runner(isolate, args.timeout, device=args.device)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -168,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seeds", type=int, default=1, help="number of seeds per profile (default 1)")
     v.add_argument("--replays", type=int, default=2, help="fresh-input replays per profile (>= 2)")
     v.add_argument("--time", action="store_true", help="time candidate and incumbent side by side")
+    iso = v.add_mutually_exclusive_group()
+    iso.add_argument("--isolate", dest="isolate", action="store_true", default=None,
+                     help="run candidate code in a worker process (default for bundles)")
+    iso.add_argument("--in-process", dest="isolate", action="store_false",
+                     help="run candidate code in this process (debuggable; default for built-ins)")
+    v.add_argument("--timeout", type=float, default=30.0, help="per-call deadline in seconds (worker and collective ranks)")
+    v.add_argument("--world-size", type=int, action="append", help="collective world size (repeatable; default 2)")
     v.add_argument("--json", metavar="FILE", help="write the full report as JSON")
     v.add_argument("--store", metavar="FILE", help="append receipts to this SQLite database")
     v.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -2,6 +2,7 @@
 from kernelslot.verify.pipeline import VerifyOptions, verify_slot
 from kernelslot.verify.report import CHECKS, CheckResult, ProfileResult, SlotReport
 from kernelslot.verify.runner import CallObservation, InProcessRunner, Runner, RunnerError
+from kernelslot.verify.worker import WorkerRunner, make_runner
 
 __all__ = ["VerifyOptions", "verify_slot", "CHECKS", "CheckResult", "ProfileResult", "SlotReport",
-           "CallObservation", "InProcessRunner", "Runner", "RunnerError"]
+           "CallObservation", "InProcessRunner", "Runner", "RunnerError", "WorkerRunner", "make_runner"]

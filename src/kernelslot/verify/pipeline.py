@@ -177,8 +177,8 @@ class _ProfileRun:
                 ref_case = refill_live(self.defn, self.profile, self.seed, call, case, ref_case, partial=call % 2 == 0)
             if not self._one_call(call, case, ref_case, outputs, args, arg_names, prep_snap):
                 return self._finish()
-        if self.device.type == "cuda" and self.opts.graph and self.cand.graph_safe:
-            from kernelslot.verify.graph import graph_replay
+        if self.device.type == "cuda" and self.opts.graph and self.cand.graph_safe and self.runner.in_process:
+            from kernelslot.verify.graph import graph_replay  # captures in this process: in-process runner only
 
             graph_replay(self, case, cpu_case, outputs, args, prepared)
         if self.opts.time:
@@ -259,7 +259,9 @@ class _ProfileRun:
             if name in self.performed:
                 self.result.record(name, PASS)
             elif name == "graph_replay":
-                why = "no CUDA device" if self.device.type != "cuda" else "not graph_safe" if not self.cand.graph_safe else "not reached"
+                why = ("no CUDA device" if self.device.type != "cuda" else "not graph_safe" if not self.cand.graph_safe
+                       else f"not run under the {self.runner.name} runner (capture would run candidate code in the referee)"
+                       if not self.runner.in_process else "not reached")
                 self.result.record(name, SKIP, why)
             elif (name == "prepare" and not self.defn.slot.needs_prepare) or (name == "audit" and self.defn.audit is None):
                 continue

@@ -64,6 +64,7 @@ class Runner(ABC):
     """Executes candidate code. Implementations: :class:`InProcessRunner`, ``WorkerRunner``."""
 
     name = "runner"
+    in_process = False  # True when candidate code runs in the referee's own process
 
     def share(self, obj: Any) -> Any:
         """Make the tensors in ``obj`` visible to where candidates run; call before recording identities.
@@ -104,6 +105,7 @@ class InProcessRunner(Runner):
     """Runs the candidate in the referee's own process: fast and debuggable, not isolated."""
 
     name = "in-process"
+    in_process = True
 
     def __init__(self) -> None:
         self._resolved: dict[Kernel, tuple[Callable, Callable | None]] = {}

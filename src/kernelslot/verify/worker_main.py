@@ -1,0 +1,285 @@
+"""Child side of :class:`~kernelslot.verify.worker.WorkerRunner`: the only processes that run candidate code.
+
+``python -m kernelslot.verify.worker_main FD`` starts the *zygote*: a clean interpreter that
+imports torch and kernelslot, then only forks workers on request (no candidate code, no torch
+op, no thread ever runs in it), so a fresh worker costs a fork, not an interpreter start. On
+``FD`` (a SOCK_SEQPACKET socket) the referee sends JSON requests: ``fork`` (with the worker's
+socket passed as an fd) answers ``{"pid"}``; ``wait`` answers the worker's exit status
+(``{"code": n}``, negative = killed by signal ``-n``; ``None`` while it still runs).
+
+:func:`serve` runs in each worker: it moves into its own session (so a kill reaches anything the
+candidate spawned), sends stdout/stderr to a log file, caps its address space, and answers
+requests on its socket. The referee sends pickled requests (the worker trusts the referee); the
+worker answers in JSON only, so nothing a candidate writes on the socket can run code in the
+referee.
+"""
+from __future__ import annotations
+
+import time
+
+
+def _call_entry(entry, args, _clock=time.perf_counter_ns):  # noqa: ANN001 - internal
+    """Run ``entry(*args)``; return (result, traceback text or None, elapsed ns)."""
+    start = _clock()
+    try:
+        result, err = entry(*args), None
+    except BaseException:  # noqa: BLE001 - SystemExit from candidate code is contained too
+        import traceback
+
+        result, err = None, traceback.format_exc(limit=8)
+    return result, err, _clock() - start
+
+
+import faulthandler  # noqa: E402 - the clock above is bound first on purpose
+import json  # noqa: E402
+import os  # noqa: E402
+import pickle  # noqa: E402
+import resource  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import traceback  # noqa: E402
+from multiprocessing.connection import Connection  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+_MEMORY_MARKERS = ("MemoryError", "not enough memory", "can't allocate memory", "std::bad_alloc", "out of memory")
+
+
+def memory_error_text(text: str) -> bool:
+    """True when a traceback says an allocation failed (the worker's memory cap or the device's)."""
+    return any(m in text for m in _MEMORY_MARKERS)
+
+
+def _short_repr(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__
+        text = f"<{type(value).__name__}>"
+    return text if len(text) < 80 else text[:77] + "..."
+
+
+def _identity(t: torch.Tensor) -> tuple:
+    s = t.untyped_storage()
+    return (t.data_ptr(), s.data_ptr(), s.nbytes(), tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype))
+
+
+class _ArgUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, worker: "_Worker"):
+        import io
+
+        super().__init__(io.BytesIO(data))
+        self.worker = worker
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid[0] == "t":
+            _, key, offset, shape, stride, dtype = pid
+            storage = self.worker.storages[key]
+            view = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
+            return view.set_(storage, offset, shape, stride)
+        if pid[0] == "p":
+            if pid[1] not in self.worker.prepared:
+                raise KeyError(f"prepared handle {pid[1]} is unknown to this worker (restarted since prepare?)")
+            return self.worker.prepared[pid[1]]
+        raise pickle.UnpicklingError(f"unknown persistent id {pid[0]!r}")
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.storages: dict[int, torch.UntypedStorage] = {}
+        self.prepared: dict[int, Any] = {}
+        self.kernels: dict[Any, tuple[Any, Any]] = {}  # KernelSource -> (entry, prepare)
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def register(self, entries: list) -> None:
+        for entry in entries:
+            kind, key = entry[0], entry[1]
+            if kind == "cpu":
+                _, _, manager, filename, nbytes = entry
+                self.storages[key] = torch.UntypedStorage._new_shared_filename_cpu(manager, filename, nbytes)
+            elif kind == "cuda":
+                _, _, rebuild, rebuild_args = entry
+                self.storages[key] = rebuild(*rebuild_args).untyped_storage()
+            elif kind == "empty":
+                self.storages[key] = torch.UntypedStorage(0, device=entry[2])
+            else:
+                raise ValueError(f"unknown storage kind {kind!r}")
+
+    def release(self, storages: list, prepared: list) -> None:
+        for key in storages:
+            self.storages.pop(key, None)
+        for key in prepared:
+            self.prepared.pop(key, None)
+
+    def load(self, source: Any) -> tuple[Any, Any]:
+        """The candidate's callables, loaded here exactly as the bundle loader would (once per source)."""
+        if source not in self.kernels:
+            from kernelslot.bundle.loader import resolve_callables
+
+            self.kernels[source] = resolve_callables(source)
+        return self.kernels[source]
+
+    def locate(self, storage_ptr: int) -> int | None:
+        for key, s in self.storages.items():
+            if s.data_ptr() == storage_ptr:
+                return key
+        return None
+
+    # -- requests ----------------------------------------------------------------------------
+    def handle(self, msg: dict) -> dict:
+        self.release(msg.get("release", []), msg.get("release_prepared", []))
+        try:
+            self.register(msg.get("register", []))
+            entry, prepare = self.load(msg["kernel"])
+            args = _ArgUnpickler(msg["args"], self).load()
+        except BaseException:  # noqa: BLE001 - import-time failures of candidate code are reported
+            text = traceback.format_exc(limit=8)
+            return {"error": text, "cause": "out_of_memory" if memory_error_text(text) else "load_failed"}
+        if msg["op"] == "prepare":
+            return self.prepare(prepare, args, msg["handle"])
+        return self.call(entry, args, msg["check"])
+
+    def prepare(self, prepare: Any, args: tuple, handle: int) -> dict:
+        if prepare is None:
+            return {"error": "the slot needs prepare() but the kernel has none", "cause": "load_failed"}
+        result, err, elapsed = _call_entry(prepare, args)
+        if err is not None:
+            return {"error": err, "cause": "out_of_memory" if memory_error_text(err) else "exception"}
+        self.prepared[handle] = result
+        return {"worker_ns": elapsed}
+
+    def call(self, entry: Any, args: list, check: bool) -> dict:
+        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        before = {i: _identity(t) for i, t in tensors}
+        uses = {i: torch._C._storage_Use_Count(t.untyped_storage()._cdata) for i, t in tensors} if check else {}
+        threads = {t.ident for t in threading.enumerate()}
+        result, err, elapsed = _call_entry(entry, args)
+        reply: dict[str, Any] = {"worker_ns": elapsed, "returned": None if result is None else _short_repr(result)}
+        del result
+        if err is not None:
+            reply.update(error=err, cause="out_of_memory" if memory_error_text(err) else "exception")
+        if any(t.is_cuda for _, t in tensors):
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 - an asynchronous device fault surfaces here
+                text = traceback.format_exc(limit=4)
+                reply.update(error=text, cause="out_of_memory" if memory_error_text(text) else "exception")
+        stray = [t.name for t in threading.enumerate() if t.ident not in threads and t.is_alive()]
+        if stray and "error" not in reply:
+            reply.update(error=f"entry returned while {len(stray)} thread(s) it started were still running ({', '.join(stray[:4])}); "
+                               "all work must finish before entry returns", cause="thread_left_running")
+        meta: list[Any] = [None] * len(args)
+        for i, t in tensors:
+            now = _identity(t)
+            if now == before[i]:
+                meta[i] = "same"
+                continue
+            key = self.locate(now[1])
+            base = self.storages[key].data_ptr() if key is not None else now[1]
+            meta[i] = {"key": key, "data_delta": now[0] - base, "storage_delta": now[1] - base, "nbytes": now[2],
+                       "shape": list(now[3]), "stride": list(now[4]), "offset": now[5], "dtype": now[6]}
+        reply["meta"] = meta
+        if check:
+            retained = [i for i, t in tensors if torch._C._storage_Use_Count(t.untyped_storage()._cdata) > uses[i]]
+            if retained:
+                import gc
+
+                gc.collect()
+                retained = [i for i, t in tensors if torch._C._storage_Use_Count(t.untyped_storage()._cdata) > uses[i]]
+            reply["retained"] = retained
+        return reply
+
+
+def _limit_memory(cap_bytes: int) -> None:
+    """Cap the address space at what the interpreter already maps plus ``cap_bytes``."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if cap_bytes <= 0:
+        return
+    with open("/proc/self/status") as f:
+        vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+    limit = vm_kib * 1024 + cap_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(sock: socket.socket, cap_bytes: int, log_path: str) -> None:
+    """A worker's main loop (runs in the forked child); returns when the referee hangs up."""
+    os.setsid()
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    faulthandler.enable()
+    _die_with_parent()
+    _limit_memory(cap_bytes)
+    conn = Connection(sock.detach())
+    worker = _Worker()
+    conn.send_bytes(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        reply = worker.handle(pickle.loads(data))
+        conn.send_bytes(json.dumps(reply).encode())
+
+
+def zygote(fd: int) -> None:
+    """Fork workers for the referee until it hangs up (see the module docstring)."""
+    _die_with_parent()
+    sock = socket.socket(fileno=fd)
+    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+        except OSError:
+            return
+        if not data:
+            return
+        req = json.loads(data)
+        if req["op"] == "fork":
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                code = 0
+                try:
+                    serve(socket.socket(fileno=fds[0]), int(req["cap"]), str(req["log"]))
+                except BaseException:  # noqa: BLE001 - reported through the exit code and the log
+                    traceback.print_exc()
+                    code = 1
+                os._exit(code)
+            for f in fds:
+                os.close(f)
+            sock.send(json.dumps({"pid": pid}).encode())
+        elif req["op"] == "wait":
+            sock.send(json.dumps({"code": _wait(int(req["pid"]), float(req["timeout"]))}).encode())
+
+
+def _wait(pid: int, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
+
+
+if __name__ == "__main__":
+    zygote(int(sys.argv[1]))

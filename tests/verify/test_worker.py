@@ -1,0 +1,175 @@
+"""WorkerRunner: same verdicts as in-process for honest kernels; isolation cheats fail by name;
+the referee survives every one of them in one process (issue 6, docs/threat-model.md)."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernelslot.slots import Candidate, Kernel, get_slot
+from kernelslot.slots.base import KernelSource
+from kernelslot.verify import InProcessRunner, RunnerError, VerifyOptions, verify_slot
+from kernelslot.verify.worker import RESTART_CAUSES, WorkerRunner, make_runner
+
+CHEATS_DIR = Path(__file__).resolve().parents[1] / "cheats"
+ISOLATION = sorted(p.stem for p in CHEATS_DIR.glob("isolation_*.py"))
+# Generic cheats whose checks depend on what the worker reports (identity, retention, return value).
+WORKER_REPORTED = ("alias_output_into_input", "swaps_output_storage", "retains_tensor", "returns_new_tensor", "input_mutation")
+ONE_PROFILE = VerifyOptions(dtypes=(torch.float32,), profiles=("decode_batch",))
+
+
+def _cheat(name: str) -> tuple[object, Candidate]:
+    mod = importlib.import_module(f"tests.cheats.{name}")
+    prepare = getattr(mod, "prepare", None)
+    source = KernelSource(entry="entry", prepare="prepare" if prepare else None, file=str(CHEATS_DIR / f"{name}.py"))
+    return mod, Candidate(Kernel(None, None, name=f"cheat.{name}", source=source))  # loaded by the worker only
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = WorkerRunner(call_timeout_s=3.0, prepare_timeout_s=10.0, memory_limit_gib=1.0, settle_s=0.25)
+    yield r
+    r.close()
+
+
+def _verdicts(report) -> list[tuple]:
+    return [(r.profile, r.dtype, r.status, tuple((c.name, c.status) for c in r.checks)) for r in report.results]
+
+
+@pytest.mark.parametrize("slot", ["activation.silu_and_mul", "norm.rmsnorm"])
+def test_honest_builtin_same_verdicts_under_both_runners(slot):
+    defn = get_slot(slot)
+    opts = VerifyOptions(dtypes=(torch.float32, torch.bfloat16))
+    with WorkerRunner(call_timeout_s=10.0) as worker:
+        isolated = verify_slot(defn, Candidate(defn.incumbent), opts, runner=worker)
+        assert worker.restarts == 0
+    local = verify_slot(defn, Candidate(defn.incumbent), opts, runner=InProcessRunner())
+    assert isolated.passed and local.passed
+    assert isolated.runner == "worker"
+    assert _verdicts(isolated) == _verdicts(local)
+
+
+def test_every_isolation_cheat_fails_and_the_referee_survives(runner):
+    """All isolation cheats through ONE WorkerRunner in this one referee process."""
+    assert len(ISOLATION) >= 9, ISOLATION
+    reports = {}
+    start = time.perf_counter()
+    for name in ISOLATION:
+        mod, cand = _cheat(name)
+        opts = dataclasses.replace(ONE_PROFILE, time=mod.EXPECT[0] == "timing", time_reps=3)
+        reports[name] = (mod, verify_slot(get_slot(mod.SLOT), cand, opts, runner=runner))
+    elapsed = time.perf_counter() - start
+    # the referee is alive and its worker usable: an honest kernel still passes, earlier results are intact
+    defn = get_slot("activation.silu_and_mul")
+    assert verify_slot(defn, Candidate(defn.incumbent), ONE_PROFILE, runner=runner).passed
+    problems = []
+    for name, (mod, report) in reports.items():
+        check, cause = mod.EXPECT
+        result = report.results[0]
+        if check == "timing":
+            t = result.timing
+            if not (report.passed and t["candidate_s"] >= mod.DELAY_S and t.get("candidate_worker_s", 0) >= mod.DELAY_S
+                    and t["speedup"] < 1.0):
+                problems.append(f"{name}: implausible timing {t} (passed={report.passed})")
+            continue
+        got = result.check(check)
+        if report.passed or got is None or got.status != "fail":
+            problems.append(f"{name}: expected {check} to fail, got {[(c.name, c.message[:120]) for c in result.failures()]}")
+        elif cause and f"[{cause}]" not in got.message.splitlines()[0]:
+            if not (cause == "late_write" and result.check("compare") and result.check("compare").status == "fail"):
+                problems.append(f"{name}: {check} failed without cause [{cause}]: {got.message.splitlines()[0]}")
+    assert not problems, "\n".join(problems)
+    contained = [n for n, (_, rep) in reports.items()
+                 if any(c.name == "raised" and c.message.split("]")[0].lstrip("[") in RESTART_CAUSES for c in rep.results[0].failures())]
+    assert len(contained) >= 5, contained  # crash, exit, timeout, out of memory, thread (+ late write unless it hit compare)
+    assert runner.restarts == len(contained)  # each contained failure replaced the worker, nothing else did
+    assert elapsed < 60
+
+
+@pytest.mark.parametrize("name", WORKER_REPORTED)
+def test_generic_cheats_caught_the_same_way_under_the_worker(runner, name):
+    mod, cand = _cheat(name)
+    opts = VerifyOptions(dtypes=(torch.float32,))
+    report = verify_slot(get_slot(mod.SLOT), cand, opts, runner=runner)
+    assert not report.passed
+    assert report.failed_checks() & set(mod.CATCHES), f"{name}: failed only {sorted(report.failed_checks())}"
+
+
+_PREPARED_KERNEL = '''
+import torch
+
+def prepare(weight):
+    return {"w2": weight * 2.0}
+
+def entry(x, prepared, out):
+    out.copy_(x * prepared["w2"])
+
+def hang(weight):
+    import time
+    time.sleep(60)
+'''
+
+
+def test_prepared_object_lives_in_the_worker(tmp_path):
+    path = tmp_path / "kern.py"
+    path.write_text(textwrap.dedent(_PREPARED_KERNEL))
+    kernel = Kernel(None, None, name="file-kernel",
+                    source=KernelSource(entry="entry", prepare="prepare", file=str(path)))
+    with WorkerRunner(call_timeout_s=5.0, prepare_timeout_s=2.0) as worker:
+        x, w, out = worker.share([torch.randn(4, 8), torch.randn(8), torch.full((4, 8), float("nan"))])
+        ptrs = [t.data_ptr() for t in (x, w, out)]
+        handle = worker.prepare(kernel, (w,))
+        assert "file-kernel" in repr(handle) and not isinstance(handle, dict)
+        for _ in range(2):
+            out.fill_(float("nan"))
+            x.copy_(torch.randn(4, 8))
+            obs = worker.call(kernel, [x, handle, out])
+            assert obs.error is None and obs.returned is None and obs.retained == []
+            torch.testing.assert_close(out, x * w * 2.0)
+            assert obs.worker_s is not None and 0 <= obs.worker_s <= obs.elapsed_s
+        assert [t.data_ptr() for t in (x, w, out)] == ptrs  # stable across calls
+        hung = Kernel(None, None, source=KernelSource(entry="entry", prepare="hang", file=str(path)))
+        with pytest.raises(RunnerError, match=r"timed out after 2s"):
+            worker.prepare(hung, (w,))
+        stale = worker.call(kernel, [x, handle, out])  # the worker was replaced: the handle is gone
+        assert stale.cause == "load_failed" and "prepare() again" in stale.error
+
+
+_IMPORT_PATCHES = """
+import torch
+
+torch.allclose = lambda *a, **k: True  # an import-time side effect
+
+def entry(x, out):
+    d = x.shape[-1] // 2
+    out.copy_(torch.nn.functional.silu(x[..., :d].float()) * x[..., d:].float())
+"""
+
+
+def test_import_side_effects_stay_in_the_worker_and_import_errors_are_named(tmp_path, runner):
+    good, bad = tmp_path / "patches.py", tmp_path / "broken.py"
+    good.write_text(_IMPORT_PATCHES)
+    bad.write_text("raise RuntimeError('boom at import')\n")
+    defn = get_slot("activation.silu_and_mul")
+    original = torch.allclose
+    ok = verify_slot(defn, Candidate(Kernel(None, source=KernelSource(entry="entry", file=str(good)))), ONE_PROFILE, runner=runner)
+    assert ok.passed and torch.allclose is original
+    failed = verify_slot(defn, Candidate(Kernel(None, source=KernelSource(entry="entry", file=str(bad)))), ONE_PROFILE, runner=runner)
+    raised = failed.results[0].check("raised")
+    assert raised.status == "fail" and "[load_failed]" in raised.message.splitlines()[0] and "boom at import" in raised.message
+
+
+def test_make_runner():
+    assert isinstance(make_runner(False, 5.0), InProcessRunner)
+    r = make_runner(True, 5.0)
+    try:
+        assert isinstance(r, WorkerRunner) and r.call_timeout_s == 5.0 and r.memory_bytes == 4 << 30
+    finally:
+        r.close()
+    with pytest.raises(ValueError, match="timeouts must be positive"):
+        WorkerRunner(call_timeout_s=0)
