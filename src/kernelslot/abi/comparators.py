@@ -47,6 +47,14 @@ def _matched(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: fl
     return (close | same_inf) & ~torch.isnan(a)
 
 
+def _matched_ratio(actual: torch.Tensor, expected: torch.Tensor, atol: float | None, rtol: float | None
+                   ) -> tuple[torch.Tensor, float]:
+    """The per-cell match mask at the given (or the dtype's default) tolerances, and its mean."""
+    tol = default_tol(actual.dtype)
+    m = _matched(actual, expected, tol if atol is None else atol, tol if rtol is None else rtol)
+    return m, float(m.double().mean()) if m.numel() else 1.0
+
+
 def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) -> str:
     bad = (~matched).nonzero()
     if bad.numel() == 0:
@@ -68,9 +76,7 @@ class AllClose:
     rtol: float | None = None
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        tol = default_tol(actual.dtype)
-        m = _matched(actual, expected, self.atol if self.atol is not None else tol, self.rtol if self.rtol is not None else tol)
-        ratio = float(m.double().mean()) if m.numel() else 1.0
+        m, ratio = _matched_ratio(actual, expected, self.atol, self.rtol)
         return Verdict(bool(m.all()), "allclose", ratio, 1.0, _worst(actual, expected, m))
 
     def describe(self) -> str:
@@ -86,9 +92,7 @@ class MatchedRatio:
     rtol: float | None = None
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        tol = default_tol(actual.dtype)
-        m = _matched(actual, expected, self.atol if self.atol is not None else tol, self.rtol if self.rtol is not None else tol)
-        ratio = float(m.double().mean()) if m.numel() else 1.0
+        m, ratio = _matched_ratio(actual, expected, self.atol, self.rtol)
         detail = _worst(actual, expected, m) if ratio < self.min_ratio else ""
         return Verdict(ratio >= self.min_ratio, "matched_ratio", ratio, self.min_ratio, detail)
 
