@@ -9,6 +9,11 @@ from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef
 FAMILY_MODULES = (
     "kernelslot.slots.activation",
     "kernelslot.slots.norm",
+    "kernelslot.slots.attention",
+    "kernelslot.slots.msa",
+    "kernelslot.slots.collective",
+    "kernelslot.slots.moe",
+    "kernelslot.slots.moe_block",
 )
 
 

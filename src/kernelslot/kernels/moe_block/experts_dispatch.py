@@ -1,0 +1,77 @@
+"""The one place that picks the implementation of the expert leaves (DESIGN.md §4).
+
+Contract: :func:`attach_fast_paths` runs at prepare time (``prepare_moe_block``,
+``prepare_fused_experts``, the ``moe.fused_experts`` NVFP4 prepare). For CPU weights inside the
+native domain (:func:`kernelslot.kernels.native.native_supports`) it repacks them once into the
+native tile layout and remembers it for that :class:`ExpertWeights` object (dropped when the
+object is garbage-collected). At call time :func:`native_selective` / :func:`native_all_expert`
+return the leaf's fp32 ``(T, H)`` accumulator from the native kernels when a layout is attached
+and the call (device, activation, ``T``) is covered, or ``None``: the caller then runs its torch
+leaf. Nothing is repacked per call. Numerics: fp32 accumulation, the same MXFP8 activation
+quantisation; results equal the torch leaves up to fp32 rounding order.
+
+``KERNELSLOT_NATIVE=0`` turns the native path off (the library then never loads).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional
+
+import torch
+
+from kernelslot.kernels.moe_block.config import ScalingMode
+from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+
+_ATTACHED: dict[int, Any] = {}  # id(ExpertWeights) -> NativeExperts
+
+
+def attach_fast_paths(weights: ExpertWeights) -> None:
+    """Prepare-time: build and attach the native layout when the native path covers ``weights``."""
+    if id(weights) in _ATTACHED or weights.gate_up.device.type != "cpu":
+        return
+    from kernelslot.kernels import native  # lazy: native imports moe_block.spec
+
+    if not native.native_supports(weights, ExpertActivation(), 1):
+        return
+    _ATTACHED[id(weights)] = native.prepare_native_experts(weights)
+    weakref.finalize(weights, _ATTACHED.pop, id(weights), None)
+
+
+def _covered(weights: ExpertWeights, h: torch.Tensor, act: ExpertActivation):
+    prepared = _ATTACHED.get(id(weights))
+    if prepared is None or h.device.type != "cpu":
+        return None
+    from kernelslot.kernels import native
+
+    return prepared if native.native_supports(prepared, act, h.shape[0]) else None
+
+
+def _run(prepared, h, ids, coef, act, post_scale: bool, mx_act_quant: bool) -> torch.Tensor:
+    from kernelslot.kernels import native
+
+    out = torch.zeros(h.shape, dtype=torch.float32)
+    native.expert_mlp_native(h.float().contiguous(), ids, coef.float(), prepared, act, post_scale,
+                             mx_act_quant, out)
+    return out
+
+
+def native_selective(weights: ExpertWeights, h: torch.Tensor, local_index: torch.Tensor,
+                     topk_affinities: torch.Tensor, act: ExpertActivation, scaling: ScalingMode,
+                     mx_act_quant: bool) -> Optional[torch.Tensor]:
+    """The selective leaf on the native path, or None (use the torch leaf)."""
+    prepared = _covered(weights, h, act)
+    if prepared is None:
+        return None
+    return _run(prepared, h, local_index, topk_affinities, act, scaling is ScalingMode.POST_SCALE, mx_act_quant)
+
+
+def native_all_expert(weights: ExpertWeights, h: torch.Tensor, coef: torch.Tensor, act: ExpertActivation,
+                      mx_act_quant: bool) -> Optional[torch.Tensor]:
+    """The all-expert leaf on the native path, or None: ``coef`` is its ``(T, E_L)`` coefficient
+    sheet; every (token, expert) with a non-zero coefficient runs, scaled by it."""
+    prepared = _covered(weights, h, act)
+    if prepared is None:
+        return None
+    experts = torch.arange(coef.shape[1]).expand_as(coef)
+    ids = torch.where(coef != 0, experts, torch.full_like(experts, -1))
+    return _run(prepared, h, ids, coef, act, True, mx_act_quant)

@@ -1,0 +1,126 @@
+"""Stage 0: the MoE decode block orchestrator (seed ``moe_block_tkg``), one pass per call.
+
+``moe_block_tkg(x, residual, params, eps, out, out_residual, router_logits) -> None``:
+
+1. ``h = rmsnorm(x [+ residual])`` once, fp32 (:mod:`rmsnorm`); ``out_residual`` filled;
+2. the router on ``h`` (:mod:`router`); ``router_logits`` filled when given;
+3. the strategy decided here and only here (:func:`choose_strategy`);
+4. all-expert: rank slice + keystone index mask (:mod:`masking`), then the all-expert leaf;
+   selective: local ids + gathered affinities, then the selective leaf (:mod:`leaves`);
+5. ``out = routed_scaling_factor · routed + shared(h)`` — the factor applied here, once.
+
+Outputs are written with ``copy_`` so any strides and the output dtype are honoured; inputs
+are never modified; nothing is cached between calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from kernelslot.kernels.moe_block.config import MoeBlockConfig, ScalingMode, SharedExpert
+from kernelslot.kernels.moe_block.experts_dispatch import attach_fast_paths
+from kernelslot.kernels.moe_block.leaves import all_expert_experts, selective_experts
+from kernelslot.kernels.moe_block.masking import local_expert_index, mask_affinities
+from kernelslot.kernels.moe_block.rmsnorm import residual_rmsnorm
+from kernelslot.kernels.moe_block.router import route
+from kernelslot.kernels.moe_block.shared_expert import MX_FORMATS, shared_expert_forward
+from kernelslot.kernels.moe_block.spec import ExpertWeights
+
+
+@dataclass(frozen=True)
+class MoeBlockParams:
+    """One MoE layer as the block consumes it; shapes are checked once, here."""
+
+    gamma: torch.Tensor  # (H,), Gemma-style norms pass 1 + w
+    router_weight: torch.Tensor  # (E, H)
+    experts: ExpertWeights  # E_L local experts
+    config: MoeBlockConfig
+    router_bias: Optional[torch.Tensor] = None  # (E,)
+    correction_bias: Optional[torch.Tensor] = None  # (E,), selection only
+    shared: Optional[SharedExpert] = None
+
+    def __post_init__(self) -> None:
+        cfg, hidden = self.config, self.experts.hidden_size
+        if tuple(self.gamma.shape) != (hidden,):
+            raise ValueError(f"moe_block: gamma must be (H={hidden},), got {tuple(self.gamma.shape)}")
+        if tuple(self.router_weight.shape) != (cfg.num_experts, hidden):
+            raise ValueError(
+                f"moe_block: router weight must be (E={cfg.num_experts}, H={hidden}), got {tuple(self.router_weight.shape)}"
+            )
+        for name in ("router_bias", "correction_bias"):
+            t = getattr(self, name)
+            if t is not None and tuple(t.shape) != (cfg.num_experts,):
+                raise ValueError(f"moe_block: {name} must be (E={cfg.num_experts},), got {tuple(t.shape)}")
+        if self.experts.num_experts != cfg.num_local_experts:
+            raise ValueError(
+                f"moe_block: experts hold {self.experts.num_experts} local experts, config says E_L={cfg.num_local_experts}"
+            )
+        if self.shared is not None and self.shared.weights.hidden_size != hidden:
+            raise ValueError(f"moe_block: shared expert hidden size {self.shared.weights.hidden_size} != H={hidden}")
+
+
+_FIELDS = ("gamma", "router_weight", "experts", "config", "router_bias", "correction_bias", "shared")
+
+
+def prepare_moe_block(kind: str, layer: Any) -> MoeBlockParams:
+    """``prepare("moe_block", layer)``: build :class:`MoeBlockParams` from any object carrying
+    its field names (the slot's validator-owned view). Tensors are referenced, never modified."""
+    if kind != "moe_block":
+        raise ValueError(f"prepare_moe_block: unknown layer kind {kind!r}; expected 'moe_block'")
+    missing = [f for f in _FIELDS if not hasattr(layer, f)]
+    if missing:
+        raise TypeError(f"prepare_moe_block: layer view lacks {missing}; expected fields {_FIELDS}")
+    params = MoeBlockParams(**{f: getattr(layer, f) for f in _FIELDS})
+    attach_fast_paths(params.experts)  # native CPU layout, built once here
+    if params.shared is not None:
+        attach_fast_paths(params.shared.weights)
+    return params
+
+
+def choose_strategy(config: MoeBlockConfig, num_tokens: int) -> str:
+    """The one strategy decision. ``auto``: all-expert once the routed (token, expert) pairs
+    reach the local expert count (most experts are touched anyway), selective below."""
+    if config.strategy != "auto":
+        return config.strategy
+    return "all_expert" if num_tokens * config.top_k >= config.num_local_experts else "selective"
+
+
+def moe_block_tkg(
+    x: torch.Tensor,
+    residual: Optional[torch.Tensor],
+    params: MoeBlockParams,
+    eps: float,
+    out: torch.Tensor,
+    out_residual: Optional[torch.Tensor] = None,
+    router_logits: Optional[torch.Tensor] = None,
+) -> None:
+    """The fused decode block; writes ``out`` (and the optional outputs) in place."""
+    cfg = params.config
+    if x.dim() != 2 or x.shape[1] != params.experts.hidden_size:
+        raise ValueError(f"moe_block: x must be (T, H={params.experts.hidden_size}), got {tuple(x.shape)}")
+    h = residual_rmsnorm(x, residual, params.gamma, eps, out_residual)
+    routed = route(
+        h, params.router_weight, cfg.top_k, cfg.router_activation, cfg.router_pre_norm, cfg.norm_topk_prob,
+        params.router_bias, params.correction_bias,
+    )
+    if router_logits is not None:
+        router_logits.copy_(routed.logits)
+    local_index = local_expert_index(routed.expert_index, cfg.rank_id, cfg.num_local_experts)
+    mx_act_quant = params.experts.format in MX_FORMATS
+    if choose_strategy(cfg, x.shape[0]) == "all_expert":
+        masked = mask_affinities(
+            routed.affinities, routed.expert_index, cfg.rank_id, cfg.num_local_experts,
+            apply_index_mask=cfg.needs_index_mask and cfg.scaling is ScalingMode.POST_SCALE,
+        )
+        acc = all_expert_experts(params.experts, h, local_index, masked, cfg.activation, cfg.scaling, mx_act_quant)
+    else:
+        acc = selective_experts(
+            params.experts, h, local_index, routed.topk_affinities, cfg.activation, cfg.scaling, mx_act_quant
+        )
+    if cfg.routed_scaling_factor != 1.0:
+        acc = acc * cfg.routed_scaling_factor
+    if params.shared is not None:
+        acc = acc + shared_expert_forward(params.shared, h)
+    out.copy_(acc)

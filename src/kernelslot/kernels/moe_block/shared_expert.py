@@ -1,0 +1,46 @@
+"""The shared expert: one dense-or-quantised expert applied to every token (dead in the seed).
+
+Contract: ``h`` fp32 ``(T, H)`` (the block's one normed hidden); returns fp32 ``(T, H)``
+``= [σ(h·gate)] · expert(h)``, the gate factor only when the shared expert has one. MX-format
+shared weights get the same MXFP8 activation quantisation as the routed MX path.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernelslot.kernels.moe_block.config import ScalingMode, SharedExpert
+from kernelslot.kernels.moe_block.expert_weights import expert_down, expert_gate_up
+from kernelslot.kernels.moe_block.leaves import selective_experts
+from kernelslot.kernels.moe_block.projections import gated_activation_reference, mxfp8_roundtrip
+
+MX_FORMATS = ("mxfp4", "mxfp8")
+
+
+def shared_expert_forward(shared: SharedExpert, h: torch.Tensor) -> torch.Tensor:
+    """Every token through the one shared expert, on the selective leaf (so the leaf's
+    dispatcher can serve it natively when its layout is attached)."""
+    w = shared.weights
+    tokens = h.shape[0]
+    only = torch.zeros(tokens, 1, dtype=torch.long)
+    y = selective_experts(w, h, only, torch.ones(tokens, 1), shared.activation, ScalingMode.POST_SCALE,
+                          w.format in MX_FORMATS)
+    if shared.gate is not None:
+        y = y * torch.sigmoid(h.float() @ shared.gate.float()).unsqueeze(1)
+    return y
+
+
+def shared_expert_reference(shared: SharedExpert, h: torch.Tensor) -> torch.Tensor:
+    """Torch twin: the same formula with explicit matmuls and the formula-level activation."""
+    w = shared.weights
+    mx = w.format in MX_FORMATS
+    gate_up, down = expert_gate_up(w, 0), expert_down(w, 0)
+    x = mxfp8_roundtrip(h.float()) if mx else h.float()
+    gu = x @ gate_up.t() + (0.0 if w.gate_up_bias is None else w.gate_up_bias[0].float())
+    inter = gate_up.shape[0] // 2
+    a = gated_activation_reference(gu[:, :inter], gu[:, inter:], shared.activation)
+    if mx:
+        a = mxfp8_roundtrip(a)
+    y = a @ down.t() + (0.0 if w.down_bias is None else w.down_bias[0].float())
+    if shared.gate is not None:
+        y = y / (1.0 + torch.exp(-(h.float() @ shared.gate.float()))).unsqueeze(1)
+    return y

@@ -1,0 +1,330 @@
+"""Slot ``moe.block_tkg``: the fused MoE decode block (seed 003), verified end to end.
+
+``prepare("moe_block", layer) -> prepared``;
+``entry(x, residual, prepared, eps, out, out_residual, router_logits) -> None``.
+
+- ``x (T, H)``; ``residual``, ``out_residual`` (both ``(T, H)``) and ``router_logits (T, E)``
+  may be None. ``layer`` is a :class:`MoeBlockLayer`, owned by the validator.
+- Semantics (SLOTS.md): ``s = x [+ residual]`` (rounded to the I/O dtype, written to
+  ``out_residual``); ``h = rmsnorm(s)·gamma`` in fp32 once; router logits ``h·Wᵀ (+ bias)``;
+  routing per the block config; ``out = routed_scaling_factor·Σ_routed coef·expert(h) + shared(h)``
+  with ``coef`` = affinity (POST_SCALE) or 1 (NO_SCALE) over each token's routed set of this
+  rank's experts. MX experts quantise the expert input and the intermediate to MXFP8 E4M3.
+- Comparator: matched_ratio ≥ 0.97 on every output, default tolerances by output dtype.
+
+The trusted reference below is written independently of ``kernelslot.kernels``: it dequantises
+with :mod:`kernelslot.formats`, runs every local expert on every token at once and combines them
+with a dense coefficient sheet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, Role, Slot, SlotKind
+from kernelslot.formats.elements import to_e4m3
+from kernelslot.formats.mx import dequantize_mx, quantize_mx
+from kernelslot.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
+from kernelslot.kernels.moe_block import moe_block_tkg, prepare_moe_block
+from kernelslot.kernels.moe_block.config import MoeBlockConfig, ScalingMode, SharedExpert
+from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.slots.base import Case, Kernel, OutputSpec, Profile, SlotDef, randn
+from kernelslot.slots.models import MODELS
+
+__all__ = ["MoeBlockLayer", "make_expert_weights", "moe_block_reference", "SLOT", "SLOTS"]
+
+
+@dataclass(frozen=True)
+class MoeBlockLayer:
+    """The validator-owned view of one MoE layer handed to ``prepare("moe_block", layer)``.
+
+    ``gamma (H,)`` is the effective RMSNorm weight (``1 + w`` for Gemma-style norms);
+    ``router_weight (E, H)``; ``router_bias`` / ``correction_bias`` ``(E,)`` or None (the
+    correction bias shifts selection only); ``experts`` holds this rank's ``E_L`` experts
+    (global ids ``rank_id·E_L …``); ``shared`` is an optional shared expert; ``config`` carries
+    K, router activation, ``router_pre_norm``, ``norm_topk_prob``, scaling mode, expert
+    activation, ``routed_scaling_factor``, strategy hint, ``rank_id`` and ``E_L``.
+    """
+
+    gamma: torch.Tensor
+    router_weight: torch.Tensor
+    experts: ExpertWeights
+    config: MoeBlockConfig
+    router_bias: Optional[torch.Tensor] = None
+    correction_bias: Optional[torch.Tensor] = None
+    shared: Optional[SharedExpert] = None
+
+
+# --------------------------------------------------------------------------- weight builders
+
+_MX_ELEM = {"mxfp4": "fp4", "mxfp8": "fp8_e4m3"}
+
+
+def _quantize_matrix(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """fp32 ``(E, rows, cols)`` -> (data, block/row scales, per-expert outer scale) in ``fmt``."""
+    if fmt == "fp8_row":
+        scale = w.abs().amax(dim=-1).clamp_min(1e-12) / 448.0
+        return to_e4m3(w / scale.unsqueeze(-1)), scale, None
+    if fmt in _MX_ELEM:
+        data, scales = quantize_mx(w, _MX_ELEM[fmt])
+        return data, scales, None
+    if fmt == "nvfp4":
+        parts = [quantize_nvfp4(w[e]) for e in range(w.shape[0])]
+        return (
+            torch.stack([p[0] for p in parts]),
+            torch.stack([p[1] for p in parts]),
+            torch.stack([p[2].reshape(()) for p in parts]).float(),
+        )
+    raise ValueError(f"unknown expert format {fmt!r}")
+
+
+def make_expert_weights(
+    fmt: str,
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    gen: torch.Generator,
+    dtype: torch.dtype,
+    biases: bool = False,
+    gate_scale: float = 1.0,
+) -> ExpertWeights:
+    """Random experts in ``fmt``: dense weights are ``dtype``; quantised ones are quantised from fp32 draws."""
+    gate_up = randn((num_experts, 2 * inter, hidden), gen, torch.float32, gate_scale / hidden**0.5)
+    down = randn((num_experts, hidden, inter), gen, torch.float32, 1.0 / inter**0.5)
+    gu_bias = randn((num_experts, 2 * inter), gen, dtype, 0.1) if biases else None
+    d_bias = randn((num_experts, hidden), gen, dtype, 0.1) if biases else None
+    if fmt == "dense":
+        return ExpertWeights("dense", gate_up.to(dtype), down.to(dtype), gate_up_bias=gu_bias, down_bias=d_bias)
+    gu, gu_s, gu_o = _quantize_matrix(gate_up, fmt)
+    dn, dn_s, dn_o = _quantize_matrix(down, fmt)
+    return ExpertWeights(fmt, gu, dn, gu_s, dn_s, gu_o, dn_o, gate_up_bias=gu_bias, down_bias=d_bias)
+
+
+# --------------------------------------------------------------------------- trusted reference
+
+
+def _dequantize_reference(w: ExpertWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """All experts as fp32 ``(E, 2I, H)``, ``(E, H, I)`` straight from the format codecs."""
+
+    def one(data: torch.Tensor, scale: Optional[torch.Tensor], outer: Optional[torch.Tensor]) -> torch.Tensor:
+        if w.format == "dense":
+            return data.float()
+        if w.format == "fp8_row":
+            return data.float() * scale.reshape(data.shape[0], -1, 1).float()
+        if w.format in _MX_ELEM:
+            return dequantize_mx(data, scale, _MX_ELEM[w.format], torch.float32)
+        return torch.stack([dequantize_nvfp4(data[e], scale[e], outer[e], torch.float32) for e in range(data.shape[0])])
+
+    return one(w.gate_up, w.gate_up_scale, w.gate_up_outer), one(w.down, w.down_scale, w.down_outer)
+
+
+def _mxfp8(x: torch.Tensor) -> torch.Tensor:
+    data, scales = quantize_mx(x, "fp8_e4m3")
+    return dequantize_mx(data, scales, "fp8_e4m3", torch.float32)
+
+
+def _glu(gu: torch.Tensor, act: ExpertActivation) -> torch.Tensor:
+    inter = gu.shape[-1] // 2
+    g, u = gu[..., :inter], gu[..., inter:]
+    g = g.clamp(min=act.gate_clamp[0], max=act.gate_clamp[1]) if act.gate_clamp != (None, None) else g
+    u = u.clamp(min=act.up_clamp[0], max=act.up_clamp[1]) if act.up_clamp != (None, None) else u
+    a = {
+        "silu": lambda: g * torch.sigmoid(g),
+        "swish": lambda: g * torch.sigmoid(act.alpha * g),
+        "swigluoai": lambda: g * torch.sigmoid(act.alpha * g),
+        "gelu": lambda: F.gelu(g),
+        "gelu_tanh": lambda: F.gelu(g, approximate="tanh"),
+    }[act.kind]()
+    return a * (u + act.up_bias)
+
+
+def _all_experts_on_all_tokens(w: ExpertWeights, h: torch.Tensor, act: ExpertActivation) -> torch.Tensor:
+    """``(T, E, H)``: every expert's output for every token, fp32."""
+    mx = w.format in _MX_ELEM
+    gate_up, down = _dequantize_reference(w)
+    x = _mxfp8(h) if mx else h
+    gu = torch.einsum("th,eoh->teo", x, gate_up)
+    if w.gate_up_bias is not None:
+        gu = gu + w.gate_up_bias.float()
+    a = _glu(gu, act)
+    if mx:
+        a = _mxfp8(a)
+    y = torch.einsum("tei,ehi->teh", a, down)
+    return y + w.down_bias.float() if w.down_bias is not None else y
+
+
+def moe_block_reference(
+    x: torch.Tensor, residual: Optional[torch.Tensor], layer: MoeBlockLayer, eps: float
+) -> dict[str, torch.Tensor]:
+    """fp32 ``out``, ``out_residual`` (when residual is given) and ``router_logits``."""
+    cfg = layer.config
+    s = x if residual is None else (x.double() + residual.double()).to(x.dtype)
+    sd = s.double()
+    h = (sd * torch.rsqrt(sd.pow(2).mean(-1, keepdim=True) + eps) * layer.gamma.double()).float()
+    logits = h.double() @ layer.router_weight.double().t()
+    if layer.router_bias is not None:
+        logits = logits + layer.router_bias.double()
+    act = torch.sigmoid if cfg.router_activation == "sigmoid" else (lambda v: torch.softmax(v, dim=-1))
+    scores = act(logits) if cfg.router_pre_norm else logits
+    select = scores if layer.correction_bias is None else scores + layer.correction_bias.double()
+    # Lower expert index wins ties: order by (-score, index).
+    order = torch.argsort(-select, dim=-1, stable=True)[:, : cfg.top_k]
+    chosen = scores.gather(1, order)
+    if not cfg.router_pre_norm:
+        chosen = act(chosen)
+    if cfg.norm_topk_prob:
+        chosen = chosen / chosen.sum(-1, keepdim=True)
+    if cfg.scaling is ScalingMode.NO_SCALE:
+        chosen = torch.ones_like(chosen)
+    coef = torch.zeros_like(logits).scatter_(1, order, chosen)  # (T, E) global
+    lo = cfg.rank_id * cfg.num_local_experts
+    coef = coef[:, lo : lo + cfg.num_local_experts].float()
+    routed = torch.einsum("te,teh->th", coef, _all_experts_on_all_tokens(layer.experts, h, cfg.activation))
+    out = cfg.routed_scaling_factor * routed
+    if layer.shared is not None:
+        sh = _all_experts_on_all_tokens(layer.shared.weights, h, layer.shared.activation)[:, 0]
+        if layer.shared.gate is not None:
+            sh = sh * torch.sigmoid(h @ layer.shared.gate.float()).unsqueeze(1)
+        out = out + sh
+    result = {"out": out, "router_logits": logits.float()}
+    if residual is not None:
+        result["out_residual"] = s.float()
+    return result
+
+
+def _reference(case: Case) -> dict[str, torch.Tensor]:
+    inp = case.inputs
+    return moe_block_reference(inp["x"], inp["residual"], case.prepare_args[1], inp["eps"])
+
+
+# --------------------------------------------------------------------------- cases and profiles
+
+_ROUTERS = {"softmax": ("softmax", True), "sigmoid": ("sigmoid", True), "topk_softmax": ("softmax", False)}
+
+
+def make_layer(profile: Profile, gen: torch.Generator) -> MoeBlockLayer:
+    """The layer view for a profile: model facts from ``MODELS``, sizes and overrides from ``dims``."""
+    d, m, dt = profile.dims, MODELS[profile.model], profile.dtype
+    hidden, inter, num_experts, local = d["H"], d["I"], d["E"], d.get("E_L", d["E"])
+    router_act, pre_norm = _ROUTERS[m.router]
+    act = d.get("activation", m.activation)
+    gate_scale = 3.0 if act.kind == "swigluoai" else 1.0  # reach the ±limit clamps
+    biases = bool(d.get("biases", False))
+    config = MoeBlockConfig(
+        top_k=d["K"], num_experts=num_experts, num_local_experts=local, rank_id=d.get("rank", 0),
+        router_activation=router_act, router_pre_norm=pre_norm,
+        norm_topk_prob=d.get("norm_topk_prob", m.norm_topk_prob),
+        scaling=d.get("scaling", ScalingMode.POST_SCALE), activation=act,
+        routed_scaling_factor=m.routed_scaling_factor, strategy=d.get("strategy", "auto"),
+    )
+    gamma = (1.0 + randn((hidden,), gen, torch.float32, 0.1)).to(dt)  # Gemma's (1 + w) arrives folded
+    router_weight = randn((num_experts, hidden), gen, dt, 2.0 / hidden**0.5)
+    router_bias = randn((num_experts,), gen, dt, 0.2) if biases else None
+    correction = randn((num_experts,), gen, torch.float32, 0.05) if m.correction_bias else None
+    experts = make_expert_weights(d.get("format", "dense"), local, hidden, inter, gen, dt, biases, gate_scale)
+    shared = None
+    if d.get("shared", m.shared_expert):
+        sw = make_expert_weights("dense", 1, hidden, inter, gen, dt, False, gate_scale)
+        gate = randn((hidden,), gen, dt, 1.0 / hidden**0.5) if d.get("shared_gate") else None
+        shared = SharedExpert(sw, act, gate)
+    return MoeBlockLayer(gamma, router_weight, experts, config, router_bias, correction, shared)
+
+
+def _make_case(profile: Profile, gen: torch.Generator) -> Case:
+    d, dt = profile.dims, profile.dtype
+    tokens, hidden = d["T"], d["H"]
+    layer = make_layer(profile, gen)
+    x = randn((tokens, hidden), gen, dt)
+    residual = randn((tokens, hidden), gen, dt) if d.get("residual") else None
+    outputs = {
+        "out": OutputSpec((tokens, hidden), dt),
+        "out_residual": OutputSpec((tokens, hidden), dt) if residual is not None else None,
+        "router_logits": OutputSpec((tokens, d["E"]), dt) if d.get("logits") else None,
+    }
+    return Case(
+        inputs={"x": x, "residual": residual, "eps": 1e-6},
+        outputs=outputs,
+        prepare_args=("moe_block", layer),
+        live=("x", "residual") if residual is not None else ("x",),
+        meta={"model": profile.model, "gemma_norm": MODELS[profile.model].gemma_norm},
+    )
+
+
+def _describe(case: Case) -> CallDescriptor:
+    layer: MoeBlockLayer = case.prepare_args[1]
+    cfg, w = layer.config, layer.experts
+    return CallDescriptor(
+        phase="decode", num_tokens=case.inputs["x"].shape[0], top_k=cfg.top_k, hidden_size=w.hidden_size,
+        intermediate_size=w.intermediate_size, num_experts=cfg.num_experts, quant=w.format,
+        world_size=cfg.num_experts // cfg.num_local_experts,
+    )
+
+
+def _p(name: str, model: str, dtypes: tuple[torch.dtype, ...], **dims) -> tuple[Profile, ...]:
+    return tuple(Profile(name, dims, dt, model) for dt in dtypes)
+
+
+F32, BF16 = torch.float32, torch.bfloat16
+_PROFILES: tuple[Profile, ...] = (
+    # generic: softmax over all E, no renormalisation -> the keystone index mask is live.
+    *_p("t1_selective_dense", "generic", (F32, BF16), T=1, H=128, I=64, E=8, K=2, strategy="selective",
+        residual=True, logits=True),
+    *_p("t7_all_expert_ep_rank1", "generic", (F32, BF16), T=7, H=128, I=64, E=16, E_L=8, rank=1, K=4,
+        strategy="all_expert", logits=True),
+    *_p("t128_auto_fp8_row", "generic", (F32,), T=128, H=128, I=64, E=8, K=2, format="fp8_row"),
+    *_p("t5_no_scale_gelu_tanh_shared", "generic", (BF16,), T=5, H=96, I=48, E=8, E_L=4, rank=1, K=3,
+        strategy="all_expert", scaling=ScalingMode.NO_SCALE, activation=ExpertActivation("gelu_tanh"),
+        shared=True, shared_gate=True, residual=True),
+    # qwen3-moe: softmax, top-K renormalised.
+    *_p("t3_selective", "qwen3-moe", (F32, BF16), T=3, H=256, I=64, E=16, K=4, strategy="selective",
+        residual=True, logits=True),
+    *_p("t32_all_expert_ep_mxfp8", "qwen3-moe", (BF16,), T=32, H=128, I=64, E=16, E_L=8, rank=1, K=4,
+        format="mxfp8", strategy="all_expert", residual=True, logits=True),
+    # gpt-oss: top-K on biased logits, softmax over the K; swigluoai; biases; MXFP4.
+    *_p("t1_selective_mxfp4", "gpt-oss", (BF16,), T=1, H=128, I=64, E=8, K=4, format="mxfp4",
+        strategy="selective", biases=True, logits=True),
+    *_p("t16_all_expert_ep_mxfp4", "gpt-oss", (BF16,), T=16, H=128, I=64, E=16, E_L=4, rank=2, K=4,
+        format="mxfp4", strategy="all_expert", biases=True, residual=True),
+    *_p("t128_auto_mxfp4", "gpt-oss", (BF16,), T=128, H=128, I=64, E=16, K=4, format="mxfp4", biases=True, logits=True),
+    # MiniMax-M3: sigmoid + correction bias, renormalised, ×2.0, shared expert, swigluoai.
+    *_p("t1_selective_nvfp4", "MiniMax-M3", (F32, BF16), T=1, H=256, I=64, E=16, K=4, format="nvfp4",
+        strategy="selective", residual=True, logits=True),
+    *_p("t64_all_expert_ep_rank1", "MiniMax-M3", (F32, BF16), T=64, H=128, I=32, E=16, E_L=8, rank=1, K=4,
+        strategy="all_expert", residual=True),
+    *_p("t4_selective_fp8_row", "MiniMax-M3", (F32,), T=4, H=128, I=64, E=16, K=4, format="fp8_row",
+        strategy="selective", logits=True),
+    *_p("t8_all_expert_ep_nvfp4", "MiniMax-M3", (BF16,), T=8, H=128, I=64, E=16, E_L=8, rank=1, K=4, format="nvfp4",
+        strategy="all_expert", residual=True, logits=True),
+)
+
+SLOT = Slot(
+    "moe.block_tkg",
+    SlotKind.BLOCK,
+    (
+        Arg("x", Role.INPUT),
+        Arg("residual", Role.INPUT, optional=True),
+        Arg("prepared", Role.PREPARED),
+        Arg("eps", Role.SCALAR),
+        Arg("out", Role.OUTPUT),
+        Arg("out_residual", Role.OUTPUT, optional=True),
+        Arg("router_logits", Role.OUTPUT, optional=True),
+    ),
+    prepare_args=("kind", "layer"),
+    summary="fused MoE decode block: residual + RMSNorm -> router top-K -> experts (+ shared), seed 003",
+)
+
+SLOTS: tuple[SlotDef, ...] = (
+    SlotDef(
+        slot=SLOT,
+        make_case=_make_case,
+        reference=_reference,
+        comparator=MatchedRatio(0.97),
+        profiles=_PROFILES,
+        incumbent=Kernel(entry=moe_block_tkg, prepare=prepare_moe_block, name="kernelslot.moe_block_tkg"),
+        describe=_describe,
+        notes="NO_SCALE sums each token's routed set (not the seed's non-zero columns); every given clamp applies.",
+    ),
+)
