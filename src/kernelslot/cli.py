@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -78,7 +79,13 @@ def _options(args: argparse.Namespace):
         raise UsageError("--replays must be at least 2 (fresh-input replay catches cached results)")
     if any(w < 2 for w in args.world_size or []):
         raise UsageError("--world-size must be at least 2 (collective slots run one process per rank)")
-    return VerifyOptions(device=args.device, dtypes=dtypes, seeds=tuple(range(args.seeds)), replays=args.replays,
+    if args.seeds < 1:
+        raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
+    if args.random_seeds:
+        args.seed_base = int.from_bytes(os.urandom(4), "little")
+        print(f"kernelslot: seeds drawn at random; reproduce with --seed-base {args.seed_base}", file=sys.stderr)
+    seeds = tuple(range(args.seed_base, args.seed_base + args.seeds))
+    return VerifyOptions(device=args.device, dtypes=dtypes, seeds=seeds, replays=args.replays,
                          profiles=tuple(args.profile) if args.profile else None, model=args.model, time=args.time,
                          world_sizes=tuple(args.world_size) if args.world_size else VerifyOptions.world_sizes,
                          collective_timeout_s=args.timeout)
@@ -151,6 +158,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     print(("PASS: " if not failed else "FAIL: ") + summary + (f"; failed: {', '.join(failed)}" if failed else ""))
     if args.json:
         payload = {"passed": not failed, "elapsed_s": elapsed, "device": args.device, "runner": runner.name,
+                   "seeds": list(opts.seeds),
                    "bundle": {"id": bundle.bundle_id, "sha256": bundle.content_hash} if bundle else None,
                    "slots": [r.to_dict() for r in reports]}
         Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
@@ -174,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--model", help="model profile to verify against (overrides the bundle's metadata)")
     v.add_argument("--profile", action="append", help="only this diagnostic profile (repeatable)")
     v.add_argument("--seeds", type=int, default=1, help="number of seeds per profile (default 1)")
+    v.add_argument("--seed-base", type=int, default=0, help="first seed (default 0: reproducible inputs)")
+    v.add_argument("--random-seeds", action="store_true",
+                   help="draw the first seed at random (inputs no candidate can anticipate); it is printed")
     v.add_argument("--replays", type=int, default=2, help="fresh-input replays per profile (>= 2)")
     v.add_argument("--time", action="store_true", help="time candidate and incumbent side by side")
     iso = v.add_mutually_exclusive_group()
