@@ -12,6 +12,7 @@ import torch
 
 from kernelslot.formats import Nvfp4MoeLayer, unswizzle_scales_128x4
 from kernelslot.kernels.moe_block import ExpertActivation, ExpertWeights, fused_experts_forward, prepare_fused_experts
+from kernelslot.kernels.moe_block.experts_dispatch import attach_fast_paths
 
 NVFP4_TAG = "nvfp4_layer"
 SILU = ExpertActivation("silu")
@@ -36,7 +37,9 @@ def prepare(w13_or_tag, w2_or_view) -> ExpertWeights:
     if isinstance(w13_or_tag, str):
         if w13_or_tag != NVFP4_TAG or not isinstance(w2_or_view, Nvfp4MoeLayer):
             raise ValueError(f"prepare: tagged form must be prepare({NVFP4_TAG!r}, Nvfp4MoeLayer), got {w13_or_tag!r}")
-        return _from_nvfp4_view(w2_or_view)
+        weights = _from_nvfp4_view(w2_or_view)
+        attach_fast_paths(weights)  # native CPU layout, built once here
+        return weights
     return prepare_fused_experts(w13_or_tag, w2_or_view)
 
 

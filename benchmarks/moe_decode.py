@@ -1,0 +1,263 @@
+"""Decode-time MoE expert MLP on CPU: the native kernels against this machine's read bandwidth,
+our torch path and transformers' experts implementations.
+
+Per case (model shape, weight format, T tokens) it prints the median wall time of one call,
+the weight bytes the call must read (each distinct routed expert once), the achieved GB/s, the
+fraction of the read bandwidth measured in this same run by the native read kernel, and the
+speedups over our torch path (``kernelslot.kernels.moe_block.selective_experts``) and over
+transformers' ``eager`` / ``batched_mm`` / ``grouped_mm`` experts on the same weights in bf16
+(dequantised for 4-bit formats). Because the machine is shared, it also prints CPU-normalised
+rates (bytes over process CPU seconds per thread) for the native calls and the read probe. Routing is fresh and uniform every call; several layers'
+weights are rotated so the working set exceeds the LLC (see LAYERS below).
+
+Usage: python benchmarks/moe_decode.py [--quick] [--json FILE] [--iters N] [--threads N]
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kernelslot.kernels.moe_block import ScalingMode, selective_experts
+from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.native import (
+    default_threads,
+    expert_mlp_native,
+    native_status,
+    prepare_native_experts,
+    read_bandwidth_probe,
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    shape: str
+    fmt: str
+    E: int
+    H: int
+    I: int
+    K: int
+    layers: int
+    note: str = ""
+    mx_path: bool = False      # the block's MX path: MXFP8 activations (quantize_activations)
+    transformers: bool = True  # False where a bf16 copy of the layer does not fit in memory
+
+
+# MiniMax-M3 layers are large (NVFP4 4.0 GB, bf16 14.5 GB at 128 experts): one NVFP4 layer is
+# used (4 random experts of 128 per token leave no useful LLC reuse), and bf16 runs 32 experts
+# of the true shape (3.6 GB) to stay under ~14 GB of memory in all.
+CASES = (
+    Case("GPT-OSS-20B", "mxfp4", 32, 2880, 2880, 4, 4, mx_path=True),
+    Case("MiniMax-M3", "nvfp4", 128, 6144, 3072, 4, 1, "1 layer (4.0 GB), no rotation; no transformers "
+         "run (its bf16 copy would be 14.5 GB)", transformers=False),
+    Case("MiniMax-M3", "bf16", 32, 6144, 3072, 4, 1, "32 of 128 experts (3.6 GB), 1 layer"),
+)
+TOKENS = (1, 2, 4, 8, 16, 32)
+ACT = ExpertActivation("silu")
+BATCHED_MM_MAX_BYTES = 2 << 30  # batched_mm gathers one weight copy per (token, k) pair
+
+
+def random_experts(c: Case, gen: torch.Generator) -> ExpertWeights:
+    """Random weights in the case's format (random bytes with realistic scale ranges)."""
+    E, H, I = c.E, c.H, c.I
+
+    def u8(*shape, lo=0, hi=256):
+        return torch.randint(lo, hi, shape, dtype=torch.uint8, generator=gen)
+    if c.fmt == "mxfp4":
+        return ExpertWeights("mxfp4", u8(E, 2 * I, H // 2), u8(E, H, I // 2),
+                             u8(E, 2 * I, H // 32, lo=118, hi=123), u8(E, H, I // 32, lo=118, hi=123))
+    if c.fmt == "nvfp4":
+        e4m3 = lambda *s: u8(*s, lo=0x30, hi=0x48).view(torch.float8_e4m3fn)  # 2^-1 .. 2^1
+        return ExpertWeights("nvfp4", u8(E, 2 * I, H // 2), u8(E, H, I // 2), e4m3(E, 2 * I, H // 16),
+                             e4m3(E, H, I // 16), torch.full((E,), 1e-2), torch.full((E,), 1e-2))
+    gu = torch.empty(E, 2 * I, H, dtype=torch.bfloat16)
+    dn = torch.empty(E, H, I, dtype=torch.bfloat16)
+    for e in range(E):
+        gu[e].normal_(0, 0.02, generator=gen)
+        dn[e].normal_(0, 0.02, generator=gen)
+    return ExpertWeights("dense", gu, dn)
+
+
+def routing(T: int, E: int, K: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    return ids, torch.rand(T, K, generator=gen)
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process (all threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measure_bandwidth(threads: int, repeats: int = 9) -> tuple[float, float, float]:
+    """(median GB/s, relative spread, CPU-normalised GB/s) of a 1 GiB streaming read by the
+    native kernel. CPU-normalised = bytes / (process CPU seconds / threads): what the wall rate
+    would be if the threads had the cores to themselves (the box is shared)."""
+    buf = torch.ones(1 << 28, dtype=torch.float32)
+    read_bandwidth_probe(buf, threads)
+    rates, cpu_rates = [], []
+    for _ in range(repeats):
+        t, c = time.perf_counter(), cpu_seconds()
+        read_bandwidth_probe(buf, threads)
+        rates.append(buf.numel() * 4 / (time.perf_counter() - t) / 1e9)
+        cpu_rates.append(buf.numel() * 4 * threads / max(cpu_seconds() - c, 1e-9) / 1e9)
+    med = statistics.median(rates)
+    return med, (max(rates) - min(rates)) / med, statistics.median(cpu_rates)
+
+
+def time_calls(fn, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def transformers_experts(weights: ExpertWeights, c: Case):
+    """A transformers experts module (Qwen3-MoE layout: gate_up (E, 2I, H), down (E, H, I))
+    holding bf16 weights: shared with ``weights`` when they are bf16, else dequantised."""
+    from transformers import Qwen3MoeConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    from kernelslot.kernels.moe_block.expert_weights import dequantize_experts
+    cfg = Qwen3MoeConfig(hidden_size=c.H, moe_intermediate_size=c.I, num_experts=c.E, hidden_act="silu")
+    with torch.device("meta"):
+        mod = Qwen3MoeExperts(cfg)
+    if weights.format == "dense" and weights.gate_up.dtype == torch.bfloat16:
+        gu, dn = weights.gate_up, weights.down
+    else:
+        gu = torch.empty(c.E, 2 * c.I, c.H, dtype=torch.bfloat16)
+        dn = torch.empty(c.E, c.H, c.I, dtype=torch.bfloat16)
+        for e in range(c.E):  # per expert, to bound the fp32 temporaries
+            one = ExpertWeights(weights.format, weights.gate_up[e:e + 1], weights.down[e:e + 1],
+                                *(None if t is None else t[e:e + 1] for t in (
+                                    weights.gate_up_scale, weights.down_scale, weights.gate_up_outer,
+                                    weights.down_outer)))
+            g, d = dequantize_experts(one)
+            gu[e].copy_(g[0])
+            dn[e].copy_(d[0])
+    mod.gate_up_proj = torch.nn.Parameter(gu, requires_grad=False)
+    mod.down_proj = torch.nn.Parameter(dn, requires_grad=False)
+    return mod
+
+
+def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_bandwidth: float,
+             gen: torch.Generator, with_transformers: bool) -> list[dict]:
+    t0 = time.perf_counter()
+    layers = [random_experts(c, gen) for _ in range(c.layers)]
+    prepared = [prepare_native_experts(w) for w in layers]
+    per_expert = prepared[0].weight_bytes_per_expert
+    print(f"\n== {c.shape} {c.fmt}{' (MX path: MXFP8 activations)' if c.mx_path else ''}: E={c.E} H={c.H} I={c.I} K={c.K}, {c.layers} layer(s) rotated, "
+          f"{per_expert / 1e6:.1f} MB/expert {('(' + c.note + ')') if c.note else ''}"
+          f" [setup {time.perf_counter() - t0:.0f} s]")
+    tf = transformers_experts(layers[0], c) if with_transformers and c.transformers else None
+    torch_budget_ok = True
+    records = []
+    header = (f"{'T':>3} {'median ms':>10} {'MB read':>8} {'GB/s':>6} {'of bw':>6} {'spread':>6} "
+              f"{'cpuGB/s':>7} {'of cbw':>6} "
+              f"{'x torch':>8} {'x eager':>8} {'x bmm':>8} {'x gmm':>8}")
+    print(header)
+    for T in tokens:
+        x = torch.randn(T, c.H, generator=gen)
+        routes = [routing(T, c.E, c.K, gen) for _ in range(iters)]
+        out = torch.zeros(T, c.H)
+
+        def native(i):
+            ids, w = routes[i]
+            expert_mlp_native(x, ids, w, prepared[i % c.layers], ACT, True, c.mx_path, out, num_threads=threads)
+        native(0)
+        c0 = cpu_seconds()
+        times = time_calls(native, iters)
+        cpu_per_call = (cpu_seconds() - c0) / iters  # ru_* resolution: averaged over the calls
+        med = statistics.median(times)
+        distinct = statistics.median(len(torch.unique(r[0])) for r in routes)
+        nbytes = int(distinct * per_expert)
+        gbps = nbytes / med / 1e9
+        cpu_gbps = nbytes * threads / max(cpu_per_call, 1e-9) / 1e9
+        spread = (max(times) - min(times)) / med
+        n_slow = max(3, iters // 5)
+
+        def torch_path(i):
+            ids, w = routes[i]
+            selective_experts(layers[i % c.layers], x, ids, w, ACT, ScalingMode.POST_SCALE, c.mx_path)
+        speed = {"torch": None}
+        if torch_budget_ok:  # the torch path dequantises every routed expert per call
+            t_torch = statistics.median(time_calls(torch_path, n_slow))
+            speed["torch"] = t_torch / med
+            torch_budget_ok = t_torch < 20.0
+        if tf is not None:
+            xb = x.to(torch.bfloat16)
+            for impl in ("eager", "batched_mm", "grouped_mm"):
+                if impl == "batched_mm" and T * c.K * per_expert * 4 > BATCHED_MM_MAX_BYTES:
+                    speed[impl] = None  # would gather T*K bf16 expert copies
+                    continue
+                tf.config._experts_implementation = impl
+                try:
+                    with torch.no_grad():
+                        tt = statistics.median(time_calls(
+                            lambda i: tf(xb, routes[i][0], routes[i][1].to(torch.bfloat16)), n_slow))
+                    speed[impl] = tt / med
+                except Exception as exc:  # an implementation that does not run on CPU
+                    print(f"   transformers {impl} failed on CPU: {type(exc).__name__}: {exc}")
+                    speed[impl] = None
+        fmtx = lambda v: f"{v:8.1f}" if v is not None else f"{'-':>8}"
+        print(f"{T:>3} {med * 1e3:10.2f} {nbytes / 1e6:8.1f} {gbps:6.1f} {gbps / bandwidth:6.0%} {spread:6.0%} "
+              f"{cpu_gbps:7.1f} {cpu_gbps / cpu_bandwidth:6.0%} "
+              f"{fmtx(speed['torch'])} {fmtx(speed.get('eager'))} {fmtx(speed.get('batched_mm'))} "
+              f"{fmtx(speed.get('grouped_mm'))}", flush=True)
+        records.append({"shape": c.shape, "format": c.fmt, "mx_path": c.mx_path, "T": T, "median_s": med, "weight_bytes": nbytes,
+                        "gbps": gbps, "fraction_of_bandwidth": gbps / bandwidth,
+                        "speedup_vs_torch": speed["torch"],
+                        "speedup_vs_transformers": {k: v for k, v in speed.items() if k != "torch"},
+                        "spread": spread, "cpu_normalised_gbps": cpu_gbps,
+                        "cpu_normalised_fraction": cpu_gbps / cpu_bandwidth, "iters": iters, "threads": threads, "layers": c.layers,
+                        "num_experts": c.E, "note": c.note})
+    del layers, prepared, tf
+    gc.collect()
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="GPT-OSS-20B shape, T=1 and T=8 only")
+    ap.add_argument("--json", metavar="FILE", help="write one record per case to FILE")
+    ap.add_argument("--iters", type=int, default=21, help="native calls per case (median)")
+    ap.add_argument("--threads", type=int, default=default_threads())
+    ap.add_argument("--no-transformers", action="store_true", help="skip transformers' implementations")
+    args = ap.parse_args(argv)
+    ok, isa, reason = native_status()
+    if not ok:
+        print(f"native path unavailable: {reason}", file=sys.stderr)
+        return 1
+    torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    bw, bw_spread, cbw = measure_bandwidth(args.threads)
+    print(f"native ISA {isa}, {args.threads} threads; measured read bandwidth {bw:.1f} GB/s "
+          f"(spread {bw_spread:.0%} over 9 reads of 1 GiB; CPU-normalised {cbw:.1f} GB/s); "
+          f"load average {os.getloadavg()[0]:.1f}")
+    cases = CASES[:1] if args.quick else CASES
+    tokens = (1, 8) if args.quick else TOKENS
+    records = []
+    for c in cases:
+        records += run_case(c, tokens, args.iters, args.threads, bw, cbw, gen, not args.no_transformers)
+    bw_end, _, cbw_end = measure_bandwidth(args.threads)
+    print(f"\nread bandwidth at the end: {bw_end:.1f} GB/s (start {bw:.1f}); CPU-normalised "
+          f"{cbw_end:.1f} (start {cbw:.1f}); load average {os.getloadavg()[0]:.1f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"bandwidth_gbps": bw, "bandwidth_end_gbps": bw_end, "cpu_normalised_bandwidth_gbps": cbw,
+                       "isa": isa, "cases": records}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

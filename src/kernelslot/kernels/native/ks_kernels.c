@@ -1,0 +1,452 @@
+/* Per-ISA tile kernels for the native MoE decode path; compiled four times with
+ * -DKS_ISA=0 (portable C), 1 (AVX2+FMA+F16C), 2 (AVX-512 F/BW/VL/DQ) or 3 (2 + AVX512_BF16,
+ * adding the exact-bf16 MX path for MXFP4), each with the matching -m flags.  Layout
+ * contract: ks_native.h.
+ *
+ * A tile of 4 weight rows is streamed once per chunk of up to NT_MAX tokens: every
+ * 32-element block is dequantised in registers (FP4 through a 16-entry table scaled by the
+ * block scale, FP8 E4M3 through an exponent-rebias bit trick, bf16/fp16 by widening) and
+ * FMA'd against each token's activations; fp32 accumulation, one horizontal sum per
+ * (row, token) at the end of the tile.
+ */
+#include "ks_native.h"
+#include <string.h>
+
+#if KS_ISA >= 2
+#include <immintrin.h>
+#define VL 16
+#define NT_MAX 5
+#if KS_ISA == 3
+#define SUFFIX(name) name##_avx512bf16
+#else
+#define SUFFIX(name) name##_avx512
+#endif
+typedef __m512 vf;
+typedef struct { vf a, b; } kctx;
+static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline vf vzero(void) { return _mm512_setzero_ps(); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vset1(float x) { return _mm512_set1_ps(x); }
+static inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#elif KS_ISA == 1
+#include <immintrin.h>
+#define VL 8
+#define NT_MAX 2
+#define SUFFIX(name) name##_avx2
+typedef __m256 vf;
+typedef struct { vf a, b; } kctx;
+static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline vf vzero(void) { return _mm256_setzero_ps(); }
+static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
+static inline vf vset1(float x) { return _mm256_set1_ps(x); }
+static inline float vsum(vf a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#else
+#define VL 1
+#define NT_MAX 4
+#define SUFFIX(name) name##_portable
+typedef float vf;
+typedef struct { float a, b; } kctx; /* scale(s) of the block; tables looked up per element */
+static inline vf vload(const float *p) { return *p; }
+static inline vf vzero(void) { return 0.0f; }
+static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
+static inline vf vmul(vf a, vf b) { return a * b; }
+static inline vf vset1(float x) { return x; }
+static inline float vsum(vf a) { return a; }
+#define PREFETCH(p) ((void)(p))
+#endif
+
+#ifndef KS_PREFETCH
+#define KS_PREFETCH 4096 /* bytes ahead in the tile stream */
+#endif
+#define NV (KS_KBLOCK / VL)
+#define R KS_TILE_ROWS
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE int data_bytes(int fmt) {
+    switch (fmt) {
+    case KS_F32: return 4 * KS_KBLOCK;
+    case KS_BF16: case KS_F16: return 2 * KS_KBLOCK;
+    case KS_FP8ROW: case KS_MXFP8: return KS_KBLOCK;
+    default: return KS_KBLOCK / 2;
+    }
+}
+INLINE int scale_bytes(int fmt) {
+    return fmt == KS_MXFP8 || fmt == KS_MXFP4 ? 1 : fmt == KS_NVFP4 ? 2 : 0;
+}
+
+/* Per-(row, block) dequantisation context from the block's scale bytes. */
+INLINE kctx make_ctx(int fmt, const uint8_t *s) {
+    kctx c;
+#if KS_ISA == 0
+    c.a = c.b = 1.0f;
+    if (fmt == KS_MXFP8) c.a = ks_e8m0_p120_lut[s[0]];
+    else if (fmt == KS_FP8ROW) c.a = 0x1p120f;
+    else if (fmt == KS_MXFP4) c.a = c.b = ks_e8m0_lut[s[0]];
+    else if (fmt == KS_NVFP4) { c.a = ks_e4m3_lut[s[0]]; c.b = ks_e4m3_lut[s[1]]; }
+#elif KS_ISA >= 2
+    c.a = c.b = vzero();
+    if (fmt == KS_MXFP8) c.a = vset1(ks_e8m0_p120_lut[s[0]]);
+    else if (fmt == KS_FP8ROW) c.a = vset1(0x1p120f);
+    else if (fmt == KS_MXFP4) c.a = c.b = vmul(vload(ks_e2m1_values), vset1(ks_e8m0_lut[s[0]]));
+    else if (fmt == KS_NVFP4) {
+        c.a = vmul(vload(ks_e2m1_values), vset1(ks_e4m3_lut[s[0]]));
+        c.b = vmul(vload(ks_e2m1_values), vset1(ks_e4m3_lut[s[1]]));
+    }
+#else /* AVX2: FP4 tables hold the 8 magnitudes; the sign is OR'ed from the code's bit 3 */
+    c.a = c.b = vzero();
+    if (fmt == KS_MXFP8) c.a = vset1(ks_e8m0_p120_lut[s[0]]);
+    else if (fmt == KS_FP8ROW) c.a = vset1(0x1p120f);
+    else if (fmt == KS_MXFP4) c.a = c.b = vmul(vload(ks_e2m1_values), vset1(ks_e8m0_lut[s[0]]));
+    else if (fmt == KS_NVFP4) {
+        c.a = vmul(vload(ks_e2m1_values), vset1(ks_e4m3_lut[s[0]]));
+        c.b = vmul(vload(ks_e2m1_values), vset1(ks_e4m3_lut[s[1]]));
+    }
+#endif
+    return c;
+}
+
+/* Elements [j*VL, (j+1)*VL) of one row's 32-element block `d`. */
+INLINE vf dequant(int fmt, const uint8_t *d, int j, kctx c) {
+#if KS_ISA == 0
+    switch (fmt) {
+    case KS_F32: { float v; memcpy(&v, d + 4 * j, 4); return v; }
+    case KS_BF16: { uint16_t h; memcpy(&h, d + 2 * j, 2); uint32_t b = (uint32_t)h << 16; float v; memcpy(&v, &b, 4); return v; }
+    case KS_F16: { uint16_t h; memcpy(&h, d + 2 * j, 2); return ks_half_to_float(h); }
+    case KS_FP8ROW: case KS_MXFP8: {
+        uint32_t b = d[j], bits = ((b & 0x7Fu) << 20) | ((b & 0x80u) << 24); float v;
+        memcpy(&v, &bits, 4); return v * c.a;
+    }
+    default: { /* MXFP4 / NVFP4 */
+        int code = j < 16 ? (d[j] & 15) : (d[j - 16] >> 4);
+        return ks_e2m1_values[code] * (j < 16 ? c.a : c.b);
+    }
+    }
+#elif KS_ISA >= 2
+    switch (fmt) {
+    case KS_F32: return _mm512_loadu_ps((const float *)d + 16 * j);
+    case KS_BF16: {
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(d + 32 * j)));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    }
+    case KS_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + 32 * j)));
+    case KS_FP8ROW: case KS_MXFP8: {
+        __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(d + 16 * j)));
+        w = _mm512_and_si512(_mm512_slli_epi32(w, 20), _mm512_set1_epi32((int)0x87F00000u));
+        return _mm512_mul_ps(_mm512_castsi512_ps(w), c.a);
+    }
+    default: {
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)d));
+        if (j) idx = _mm512_srli_epi32(idx, 4);
+        return _mm512_permutexvar_ps(idx, j ? c.b : c.a);
+    }
+    }
+#else
+    switch (fmt) {
+    case KS_F32: return _mm256_loadu_ps((const float *)d + 8 * j);
+    case KS_BF16: {
+        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(d + 16 * j)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+    case KS_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + 16 * j)));
+    case KS_FP8ROW: case KS_MXFP8: {
+        __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(d + 8 * j)));
+        w = _mm256_and_si256(_mm256_slli_epi32(w, 20), _mm256_set1_epi32((int)0x87F00000u));
+        return _mm256_mul_ps(_mm256_castsi256_ps(w), c.a);
+    }
+    default: {
+        __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(d + 8 * (j & 1))));
+        if (j >= 2) idx = _mm256_srli_epi32(idx, 4);
+        __m256 mag = _mm256_permutevar8x32_ps(j >= 2 ? c.b : c.a, idx);
+        __m256i sign = _mm256_and_si256(_mm256_slli_epi32(idx, 28), _mm256_set1_epi32((int)0x80000000u));
+        return _mm256_or_ps(mag, _mm256_castsi256_ps(sign));
+    }
+    }
+#endif
+}
+
+/* res[r*nt + t] = <row r of the tile, xs[t]> over nkb blocks, for nt <= NT_MAX tokens. */
+INLINE void tile_dot(const int fmt, const int nt, const uint8_t *tile, int nkb,
+                     const float *const *xs, float *res) {
+    const int DB = data_bytes(fmt), SB = scale_bytes(fmt);
+    const uint8_t *data = tile, *scales = tile + (int64_t)nkb * R * DB;
+    vf acc[R][NT_MAX];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; ++t) acc[r][t] = vzero();
+    for (int kb = 0; kb < nkb; ++kb) {
+        const uint8_t *blk = data + (int64_t)kb * R * DB;
+#pragma GCC unroll 8
+        for (int off = 0; off < R * DB; off += 64) PREFETCH(blk + KS_PREFETCH + off);
+        kctx c[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) c[r] = make_ctx(fmt, scales + (kb * R + r) * SB);
+#pragma GCC unroll 32
+        for (int j = 0; j < NV; ++j) {
+            vf w[R];
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) w[r] = dequant(fmt, blk + r * DB, j, c[r]);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; ++t) {
+                vf x = vload(xs[t] + kb * KS_KBLOCK + j * VL);
+#pragma GCC unroll 4
+                for (int r = 0; r < R; ++r) acc[r][t] = vfma(w[r], x, acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; ++t) res[r * nt + t] = vsum(acc[r][t]);
+}
+
+#define NT_CASE(F, N) case N: tile_dot(F, N, tile, nkb, xs, res); break;
+#if NT_MAX == 5
+#define NT_SWITCH(F) switch (nt) { NT_CASE(F, 1) NT_CASE(F, 2) NT_CASE(F, 3) NT_CASE(F, 4) NT_CASE(F, 5) }
+#elif NT_MAX == 4
+#define NT_SWITCH(F) switch (nt) { NT_CASE(F, 1) NT_CASE(F, 2) NT_CASE(F, 3) NT_CASE(F, 4) }
+#else
+#define NT_SWITCH(F) switch (nt) { NT_CASE(F, 1) NT_CASE(F, 2) }
+#endif
+
+static void tile_dot_any(int fmt, int nt, const uint8_t *tile, int nkb, const float *const *xs, float *res) {
+    switch (fmt) {
+    case KS_F32: NT_SWITCH(KS_F32) break;
+    case KS_BF16: NT_SWITCH(KS_BF16) break;
+    case KS_F16: NT_SWITCH(KS_F16) break;
+    case KS_FP8ROW: NT_SWITCH(KS_FP8ROW) break;
+    case KS_MXFP8: NT_SWITCH(KS_MXFP8) break;
+    case KS_MXFP4: NT_SWITCH(KS_MXFP4) break;
+    case KS_NVFP4: NT_SWITCH(KS_NVFP4) break;
+    }
+}
+
+#if KS_ISA == 3
+/* MXFP4 x exact-bf16 activations (the MX path: MXFP8 values are exact in bf16).  Rows are taken
+ * in pairs: one zmm of 32 words holds the 16 packed bytes of two rows; a 32-entry bf16 table
+ * (entries 0-15 for the first row, 16-31 for the second) carries each row's E8M0 scale as an
+ * exponent offset (scale bytes must lie in [2, 252]); vdpbf16ps multiplies exactly and
+ * accumulates in fp32.  Activation rows are in the "bf16 duplicated" layout of ks_to_bf16_dup. */
+static inline __m512i bf16_base_table(void) {
+    static const uint16_t base[16] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0,
+                                      0x8000, 0xBF00, 0xBF80, 0xBFC0, 0xC000, 0xC040, 0xC080, 0xC0C0};
+    const __m256i h = _mm256_loadu_si256((const __m256i *)base);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1);
+}
+
+INLINE void tile_dot_mxfp4_bf16(const int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
+    const uint8_t *data = tile, *scales = tile + (int64_t)nkb * R * 16;
+    const __m512i base = bf16_base_table(), lo4 = _mm512_set1_epi16(0x0F);
+    const __m512i sel = _mm512_maskz_set1_epi16(0xFFFF0000u, 0x10);
+    const __mmask32 nonzero = ~0x01010101u;   /* entries 0 and 8 of each half are +-0 */
+    __m512 acc[2][NT_MAX];
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; ++t) acc[q][t] = _mm512_setzero_ps();
+    for (int kb = 0; kb < nkb; ++kb) {
+        const uint8_t *blk = data + (int64_t)kb * R * 16, *sc = scales + kb * R;
+        PREFETCH(blk + KS_PREFETCH);
+#pragma GCC unroll 2
+        for (int q = 0; q < 2; ++q) {
+            const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 32 * q)));
+            const __m512i il = _mm512_or_si512(_mm512_and_si512(w, lo4), sel);
+            const __m512i ih = _mm512_or_si512(_mm512_srli_epi16(w, 4), sel);
+            __m512i adj = _mm512_mask_set1_epi16(_mm512_set1_epi16((short)((sc[2 * q] - 127) << 7)), 0xFFFF0000u,
+                                                 (short)((sc[2 * q + 1] - 127) << 7));
+            const __m512i tab = _mm512_mask_add_epi16(base, nonzero, base, adj);
+            const __m512bh wl = (__m512bh)_mm512_permutexvar_epi16(il, tab);
+            const __m512bh wh = (__m512bh)_mm512_permutexvar_epi16(ih, tab);
+#pragma GCC unroll 8
+            for (int t = 0; t < nt; ++t) {
+                const uint16_t *x = xs[t] + kb * 64;
+                acc[q][t] = _mm512_dpbf16_ps(acc[q][t], wl, (__m512bh)_mm512_loadu_si512(x));
+                acc[q][t] = _mm512_dpbf16_ps(acc[q][t], wh, (__m512bh)_mm512_loadu_si512(x + 32));
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; ++t) {
+            const __m256 lo = _mm512_castps512_ps256(acc[q][t]);
+            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[q][t]), 1));
+            __m128 a = _mm_add_ps(_mm256_castps256_ps128(lo), _mm256_extractf128_ps(lo, 1));
+            __m128 b = _mm_add_ps(_mm256_castps256_ps128(hi), _mm256_extractf128_ps(hi, 1));
+            a = _mm_add_ps(a, _mm_movehl_ps(a, a)); b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+            res[(2 * q) * nt + t] = _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
+            res[(2 * q + 1) * nt + t] = _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));
+        }
+}
+
+/* The same product for 1-2 tokens, cheaper per weight: an unscaled table (no per-block table
+ * build) and each block's partial sum scaled into the accumulator by one FMA per token. */
+INLINE void tile_dot_mxfp4_bf16_few(const int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
+    const uint8_t *data = tile, *scales = tile + (int64_t)nkb * R * 16;
+    const __m512i tab = bf16_base_table(), lo4 = _mm512_set1_epi16(0x0F);
+    __m512 acc[2][2];
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q)
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; ++t) acc[q][t] = _mm512_setzero_ps();
+    for (int kb = 0; kb < nkb; ++kb) {
+        const uint8_t *blk = data + (int64_t)kb * R * 16, *sc = scales + kb * R;
+        PREFETCH(blk + KS_PREFETCH);
+#pragma GCC unroll 2
+        for (int q = 0; q < 2; ++q) {
+            const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 32 * q)));
+            const __m512bh wl = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(w, lo4), tab);
+            const __m512bh wh = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), tab);
+            const __m512 sv = _mm512_mask_broadcastss_ps(_mm512_set1_ps(ks_e8m0_lut[sc[2 * q]]), 0xFF00,
+                                                         _mm_load_ss(&ks_e8m0_lut[sc[2 * q + 1]]));
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; ++t) {
+                const uint16_t *x = xs[t] + kb * 64;
+                __m512 p = _mm512_dpbf16_ps(_mm512_setzero_ps(), wl, (__m512bh)_mm512_loadu_si512(x));
+                p = _mm512_dpbf16_ps(p, wh, (__m512bh)_mm512_loadu_si512(x + 32));
+                acc[q][t] = _mm512_fmadd_ps(p, sv, acc[q][t]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q)
+#pragma GCC unroll 2
+        for (int t = 0; t < nt; ++t) {
+            res[(2 * q) * nt + t] = _mm512_mask_reduce_add_ps(0x00FF, acc[q][t]);
+            res[(2 * q + 1) * nt + t] = _mm512_mask_reduce_add_ps(0xFF00, acc[q][t]);
+        }
+}
+
+static void tile_dot_bf16_any(int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
+    switch (nt) {
+    case 1: tile_dot_mxfp4_bf16_few(1, tile, nkb, xs, res); break;
+    case 2: tile_dot_mxfp4_bf16_few(2, tile, nkb, xs, res); break;
+    case 3: tile_dot_mxfp4_bf16(3, tile, nkb, xs, res); break;
+    case 4: tile_dot_mxfp4_bf16(4, tile, nkb, xs, res); break;
+    case 5: tile_dot_mxfp4_bf16(5, tile, nkb, xs, res); break;
+    }
+}
+#endif
+
+/* Balanced token chunks of at most NT_MAX: chunk k of n tokens covers [lo, hi). */
+static inline int num_chunks(int n) { return (n + NT_MAX - 1) / NT_MAX; }
+
+void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
+    const ks_experts *ex = c->ex;
+    const int H = ex->hidden, I = ex->inter, nkb = H / KS_KBLOCK;
+    const int nblk = I / KS_KBLOCK;   /* split on 32-element boundaries of I */
+    const int t0 = (int)((int64_t)nblk * tid / nth) * (KS_KBLOCK / 2);
+    const int t1 = (int)((int64_t)nblk * (tid + 1) / nth) * (KS_KBLOCK / 2);
+    const float *xs[NT_MAX];
+    float res[R * NT_MAX];
+    for (int g = 0; g < c->num_groups; ++g) {
+        const ks_group *gr = &c->groups[g];
+        const int e = gr->expert;
+        const uint8_t *base = ex->gate_up + (int64_t)e * (I / 2) * ex->gu_tile_stride;
+        const float *rs = ex->gu_row_scale ? ex->gu_row_scale + (int64_t)e * 2 * I : NULL;
+        const float *bias = ex->gu_bias ? ex->gu_bias + (int64_t)e * 2 * I : NULL;
+        const float outer = ex->gu_outer ? ex->gu_outer[e] : 1.0f;
+        const int nch = num_chunks(gr->count);
+        for (int tile = t0; tile < t1; ++tile) {
+            const uint8_t *tp = base + (int64_t)tile * ex->gu_tile_stride;
+            for (int ch = 0; ch < nch; ++ch) {
+                const int lo = gr->count * ch / nch, hi = gr->count * (ch + 1) / nch, nt = hi - lo;
+#if KS_ISA == 3
+                if (c->xb) {
+                    const uint16_t *xb[NT_MAX];
+                    for (int t = 0; t < nt; ++t) xb[t] = c->xb + (int64_t)c->pair_token[gr->first + lo + t] * 2 * H;
+                    tile_dot_bf16_any(nt, tp, nkb, xb, res);
+                } else
+#endif
+                {
+                    for (int t = 0; t < nt; ++t) xs[t] = c->x + (int64_t)c->pair_token[gr->first + lo + t] * H;
+                    tile_dot_any(ex->format, nt, tp, nkb, xs, res);
+                }
+                for (int p = 0; p < 2; ++p) {
+                    const int i = 2 * tile + p;
+                    float sg = outer, su = outer;
+                    if (rs) { sg *= rs[i]; su *= rs[I + i]; }
+                    for (int t = 0; t < nt; ++t) {
+                        float gv = res[(2 * p) * nt + t] * sg, uv = res[(2 * p + 1) * nt + t] * su;
+                        if (bias) { gv += bias[i]; uv += bias[I + i]; }
+                        c->inter[(int64_t)(gr->first + lo + t) * I + i] = ks_apply_act(c->act, gv, uv);
+                    }
+                }
+            }
+        }
+        if (c->quantize_inter && t1 > t0)
+            for (int t = 0; t < gr->count; ++t) {
+                float *row = c->inter + (int64_t)(gr->first + t) * I + 2 * t0;
+                ks_mxfp8_qdq(row, row, 2 * (int64_t)(t1 - t0));
+                if (c->inter_b)
+                    ks_to_bf16_dup(row, c->inter_b + (int64_t)(gr->first + t) * 2 * I + 4 * t0, 2 * (int64_t)(t1 - t0));
+            }
+    }
+}
+
+void SUFFIX(ks_down)(const ks_call *c, int tid, int nth) {
+    const ks_experts *ex = c->ex;
+    const int H = ex->hidden, I = ex->inter, nkb = I / KS_KBLOCK, ntiles = H / R;
+    const int t0 = (int)((int64_t)ntiles * tid / nth), t1 = (int)((int64_t)ntiles * (tid + 1) / nth);
+    const float *xs[NT_MAX];
+    float res[R * NT_MAX];
+    for (int g = 0; g < c->num_groups; ++g) {
+        const ks_group *gr = &c->groups[g];
+        const int e = gr->expert;
+        const uint8_t *base = ex->down + (int64_t)e * ntiles * ex->dn_tile_stride;
+        const float *rs = ex->dn_row_scale ? ex->dn_row_scale + (int64_t)e * H : NULL;
+        const float *bias = ex->dn_bias ? ex->dn_bias + (int64_t)e * H : NULL;
+        const float outer = ex->dn_outer ? ex->dn_outer[e] : 1.0f;
+        const int nch = num_chunks(gr->count);
+        for (int tile = t0; tile < t1; ++tile) {
+            const uint8_t *tp = base + (int64_t)tile * ex->dn_tile_stride;
+            for (int ch = 0; ch < nch; ++ch) {
+                const int lo = gr->count * ch / nch, hi = gr->count * (ch + 1) / nch, nt = hi - lo;
+#if KS_ISA == 3
+                if (c->inter_b) {
+                    const uint16_t *xb[NT_MAX];
+                    for (int t = 0; t < nt; ++t) xb[t] = c->inter_b + (int64_t)(gr->first + lo + t) * 2 * I;
+                    tile_dot_bf16_any(nt, tp, nkb, xb, res);
+                } else
+#endif
+                {
+                    for (int t = 0; t < nt; ++t) xs[t] = c->inter + (int64_t)(gr->first + lo + t) * I;
+                    tile_dot_any(ex->format, nt, tp, nkb, xs, res);
+                }
+                for (int r = 0; r < R; ++r) {
+                    const int h = R * tile + r;
+                    const float s = rs ? outer * rs[h] : outer;
+                    for (int t = 0; t < nt; ++t) {
+                        const int pi = gr->first + lo + t;
+                        float v = res[r * nt + t] * s;
+                        if (bias) v += bias[h];
+                        c->out[(int64_t)c->pair_token[pi] * H + h] += v * c->pair_weight[pi];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Streaming read of n bytes (n % 256 == 0): the bandwidth probe of the benchmark. */
+double SUFFIX(ks_read)(const uint8_t *p, int64_t n) {
+    vf a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+    const float *f = (const float *)p;
+    const int64_t nf = n / 4;
+    for (int64_t i = 0; i < nf; i += 4 * VL) {
+        a0 = vfma(vload(f + i), vload(f + i), a0);
+        a1 = vfma(vload(f + i + VL), vload(f + i + VL), a1);
+        a2 = vfma(vload(f + i + 2 * VL), vload(f + i + 2 * VL), a2);
+        a3 = vfma(vload(f + i + 3 * VL), vload(f + i + 3 * VL), a3);
+    }
+    return (double)vsum(a0) + vsum(a1) + vsum(a2) + vsum(a3);
+}

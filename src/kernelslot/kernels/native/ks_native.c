@@ -1,0 +1,383 @@
+/* kernelslot native CPU MoE decode path: entry points, routing groups, threads, ISA choice,
+ * the activation and the MXFP8 online quantiser (bit-exact with kernelslot.formats.quantize_mx:
+ * E4M3 elements, E8M0 scale byte = clamp(exponent_field(amax) - 8, 0, 254), elements
+ * x * 2^(127-b) saturated to ±448 and rounded to nearest even).  Layout: ks_native.h.
+ */
+#include "ks_native.h"
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+float ks_e4m3_lut[256];
+float ks_e8m0_lut[256];
+float ks_e8m0_p120_lut[256];
+const float ks_e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                  -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static float f32_from_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+static uint32_t bits_from_f32(float f) { uint32_t b; memcpy(&b, &f, 4); return b; }
+
+float ks_half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    float v;
+    if (exp == 0) v = ldexpf((float)man, -24);
+    else if (exp == 31) v = man ? NAN : INFINITY;
+    else v = ldexpf((float)(man | 0x400), (int)exp - 25);
+    return f32_from_bits(bits_from_f32(v) | sign);
+}
+
+__attribute__((constructor)) static void ks_init_tables(void) {
+    for (int b = 0; b < 256; ++b) {
+        const int e = (b >> 3) & 0xF, m = b & 7;
+        float v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+        if ((b & 0x7F) == 0x7F) v = NAN;
+        ks_e4m3_lut[b] = (b & 0x80) ? -v : v;
+        ks_e8m0_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 127);
+        ks_e8m0_p120_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 7);
+    }
+}
+
+float ks_apply_act(const ks_act *a, float g, float u) {
+    if (a->has_gate_lo) g = fmaxf(g, a->gate_lo);
+    if (a->has_gate_hi) g = fminf(g, a->gate_hi);
+    if (a->has_up_lo) u = fmaxf(u, a->up_lo);
+    if (a->has_up_hi) u = fminf(u, a->up_hi);
+    float act;
+    if (a->kind == KS_ACT_GELU) act = 0.5f * g * (1.0f + erff(g * 0.70710678118654752f));
+    else if (a->kind == KS_ACT_GELU_TANH)
+        act = 0.5f * g * (1.0f + tanhf(0.79788456080286536f * (g + 0.044715f * g * g * g)));
+    else act = g / (1.0f + expf(-a->alpha * g));
+    return act * (u + a->up_bias);
+}
+
+/* RNE of |y| <= 448 onto the E4M3 grid; returns the rounded value (sign kept). */
+static inline float e4m3_round(float y) {
+    const uint32_t sign = bits_from_f32(y) & 0x80000000u;
+    const float a = fabsf(y);
+    float r;
+    if (a < 0x1p-6f) {
+        volatile float t = a + 16384.0f; /* ulp(2^14) = 2^-9, the E4M3 subnormal step */
+        r = t - 16384.0f;
+    } else {
+        uint32_t u = bits_from_f32(a);
+        u = (u + 0x7FFFFu + ((u >> 20) & 1u)) & ~0xFFFFFu;
+        r = f32_from_bits(u);
+    }
+    return f32_from_bits(bits_from_f32(r) | sign);
+}
+
+static inline uint8_t e4m3_code(float r) { /* r already on the grid, |r| <= 448 */
+    const uint32_t b = bits_from_f32(r), sign = (b >> 24) & 0x80u;
+    const float a = fabsf(r);
+    if (a < 0x1p-6f) return (uint8_t)(sign | (uint32_t)(a * 512.0f));
+    const uint32_t exp = ((b >> 23) & 0xFF) - 127 + 7, man = (b >> 20) & 7u;
+    return (uint8_t)(sign | (exp << 3) | man);
+}
+
+static inline uint8_t e8m0_floor_e4m3(float amax) {
+    const int ef = (int)((bits_from_f32(amax) >> 23) & 0xFF);
+    if (ef == 255) return 0xFF;
+    int b = ef - 8;
+    return (uint8_t)(b < 0 ? 0 : b > 254 ? 254 : b);
+}
+
+/* Quantise one 32-element block; writes codes (if non-NULL), returns the scale byte and the
+ * dequantised values in y (if non-NULL). */
+static uint8_t mxfp8_block(const float *x, float *y, uint8_t *codes) {
+    float amax = 0.0f;
+    int nan = 0;
+    for (int i = 0; i < 32; ++i) { float a = fabsf(x[i]); if (a != a) nan = 1; amax = a > amax ? a : amax; }
+    const uint8_t sb = nan ? 0xFF : e8m0_floor_e4m3(amax);
+    if (sb == 0xFF) {
+        for (int i = 0; i < 32; ++i) { if (y) y[i] = NAN; if (codes) codes[i] = 0x7F; }
+        return sb;
+    }
+    const float inv = sb == 254 ? 0x1p-127f : ldexpf(1.0f, 127 - sb), scale = ks_e8m0_lut[sb];
+    for (int i = 0; i < 32; ++i) {
+        float v = x[i] * inv;
+        v = v > 448.0f ? 448.0f : v < -448.0f ? -448.0f : v;
+        const float r = e4m3_round(v);
+        if (codes) codes[i] = e4m3_code(r);
+        if (y) y[i] = r * scale;
+    }
+    return sb;
+}
+
+void ks_mxfp8_qdq(const float *x, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32) mxfp8_block(x + i, y + i, NULL);
+}
+
+void ks_to_bf16_dup(const float *x, uint16_t *y, int64_t n) {
+    for (int64_t b = 0; b < n; b += 32, x += 32, y += 64)
+        for (int h = 0; h < 2; ++h)
+            for (int i = 0; i < 16; ++i) {
+                const uint16_t v = (uint16_t)(bits_from_f32(x[16 * h + i]) >> 16);
+                y[32 * h + i] = v;
+                y[32 * h + 16 + i] = v;
+            }
+}
+
+/* Test hook: (rows, cols) fp32 -> E4M3 codes (rows, cols) and E8M0 scales (rows, cols/32). */
+int ks_mxfp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *codes, uint8_t *scales) {
+    if (cols % 32) return -1;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t k = 0; k < cols; k += 32)
+            scales[r * (cols / 32) + k / 32] = mxfp8_block(x + r * cols + k, NULL, codes + r * cols + k);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- ISA selection */
+int ks_isa_supported(int isa) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (isa == KS_ISA_AVX512BF16)
+        return ks_isa_supported(KS_ISA_AVX512) && __builtin_cpu_supports("avx512bf16");
+    if (isa == KS_ISA_AVX512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+    if (isa == KS_ISA_AVX2)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+#endif
+    return isa == KS_ISA_PORTABLE;
+}
+
+int ks_best_isa(void) {
+    if (ks_isa_supported(KS_ISA_AVX512BF16)) return KS_ISA_AVX512BF16;
+    if (ks_isa_supported(KS_ISA_AVX512)) return KS_ISA_AVX512;
+    if (ks_isa_supported(KS_ISA_AVX2)) return KS_ISA_AVX2;
+    return KS_ISA_PORTABLE;
+}
+
+typedef void (*phase_fn)(const ks_call *, int, int);
+typedef double (*read_fn)(const uint8_t *, int64_t);
+
+static int pick(int isa, phase_fn *gu, phase_fn *dn, read_fn *rd) {
+    if (!ks_isa_supported(isa)) return -4;
+#if defined(__x86_64__)
+    if (isa == KS_ISA_AVX512BF16) { *gu = ks_gate_up_avx512bf16; *dn = ks_down_avx512bf16; *rd = ks_read_avx512bf16; return 0; }
+    if (isa == KS_ISA_AVX512) { *gu = ks_gate_up_avx512; *dn = ks_down_avx512; *rd = ks_read_avx512; return 0; }
+    if (isa == KS_ISA_AVX2) { *gu = ks_gate_up_avx2; *dn = ks_down_avx2; *rd = ks_read_avx2; return 0; }
+#endif
+    *gu = ks_gate_up_portable; *dn = ks_down_portable; *rd = ks_read_portable;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- threads */
+/* Each phase runs on nth threads (the caller is thread 0) and is joined before the next:
+ * the join is the barrier.  If a thread cannot be created its slice runs on the caller. */
+typedef struct {
+    ks_call *call;
+    const float *h;       /* raw hidden (T, H) */
+    float *xq;            /* MXFP8 q-dq hidden or NULL */
+    phase_fn fn;          /* NULL: the hidden-quantisation phase */
+    int tid, nth;
+} ks_task;
+
+static void run_task(ks_task *k) {
+    if (k->fn) { k->fn(k->call, k->tid, k->nth); return; }
+    const int64_t H = k->call->ex->hidden, T = k->call->T;
+    const int64_t lo = T * k->tid / k->nth, hi = T * (k->tid + 1) / k->nth;
+    ks_mxfp8_qdq(k->h + lo * H, k->xq + lo * H, (hi - lo) * H);
+    if (k->call->xb) ks_to_bf16_dup(k->xq + lo * H, (uint16_t *)k->call->xb + lo * 2 * H, (hi - lo) * H);
+}
+
+/* A persistent pool: workers sleep on a condition variable between phases; one call at a time
+ * (pool.call_lock).  Worker i runs slice i of the posted phase when i < nth.  Threads that
+ * cannot be created leave their slices to the caller. */
+static struct {
+    pthread_mutex_t call_lock, mu;
+    pthread_cond_t wake, done;
+    int workers;              /* created workers, tids 1..workers */
+    unsigned long gen;        /* phase generation */
+    int pending;              /* workers still running the current phase */
+    ks_task proto;
+    int nth;
+    unsigned long start_gen[64]; /* generation each worker was created at */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          PTHREAD_COND_INITIALIZER, 0, 0, 0, {0}, 0, {0}};
+
+static void *pool_worker(void *arg) {
+    const int tid = (int)(intptr_t)arg;
+    pthread_mutex_lock(&pool.mu);
+    unsigned long seen = pool.start_gen[tid];
+    for (;;) {
+        while (pool.gen == seen) pthread_cond_wait(&pool.wake, &pool.mu);
+        seen = pool.gen;
+        if (tid >= pool.nth) continue;
+        ks_task k = pool.proto;
+        k.tid = tid; k.nth = pool.nth;
+        pthread_mutex_unlock(&pool.mu);
+        run_task(&k);
+        pthread_mutex_lock(&pool.mu);
+        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+static void pool_after_fork_child(void) { /* the workers do not exist in a forked child */
+    pthread_mutex_init(&pool.call_lock, NULL);
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.workers = 0;
+}
+
+__attribute__((constructor)) static void pool_init(void) {
+    pthread_atfork(NULL, NULL, pool_after_fork_child);
+}
+
+/* Run one phase on nth threads (caller = tid 0); returns when every slice is done. */
+static void run_phase(ks_task proto, int nth) {
+    if (nth <= 1) { proto.tid = 0; proto.nth = 1; run_task(&proto); return; }
+    pthread_mutex_lock(&pool.mu);
+    while (pool.workers < nth - 1) {
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        pool.start_gen[pool.workers + 1] = pool.gen;
+        const int ok = pthread_create(&th, &attr, pool_worker, (void *)(intptr_t)(pool.workers + 1)) == 0;
+        pthread_attr_destroy(&attr);
+        if (!ok) break;
+        pool.workers++;
+    }
+    const int helpers = pool.workers < nth - 1 ? pool.workers : nth - 1;
+    pool.proto = proto;
+    pool.nth = nth;
+    pool.pending = helpers;
+    pool.gen++;
+    pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.mu);
+    for (int t = 0; t < nth; ++t)
+        if (t == 0 || t > helpers) { ks_task k = proto; k.tid = t; k.nth = nth; run_task(&k); }
+    pthread_mutex_lock(&pool.mu);
+    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.mu);
+    pthread_mutex_unlock(&pool.mu);
+}
+
+/* ---------------------------------------------------------------- entry points */
+/* out[t] += sum_k w(t,k) * down_e(act(gate_up_e(x_t))), e = ids[t,k]; ids < 0 skipped.
+ * Returns 0, or -1 bad argument, -2 expert id out of range, -3 resources, -4 ISA unsupported. */
+int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int64_t T,
+                   const int32_t *ids, const float *wts, int64_t K, int post_scale, int quant_act,
+                   float *out, int nthreads, int isa) {
+    if (!ex || !act || !h || !ids || !out || T < 0 || K <= 0 || (post_scale && !wts)) return -1;
+    if (ex->format < 0 || ex->format >= KS_NUM_FORMATS || ex->hidden % KS_KBLOCK ||
+        ex->inter % KS_KBLOCK || ex->hidden <= 0 || ex->inter <= 0)
+        return -1;
+    phase_fn gu, dn;
+    read_fn rd;
+    int rc = pick(isa, &gu, &dn, &rd);
+    if (rc) return rc;
+    const int E = ex->num_experts;
+    const int64_t P_max = T * K;
+    for (int64_t p = 0; p < P_max; ++p)
+        if (ids[p] >= E || ids[p] < -1) return -2;
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > 64) nthreads = 64;
+
+    int32_t *count = calloc((size_t)E + 1, sizeof(int32_t));
+    int32_t *pair_token = malloc(sizeof(int32_t) * (size_t)(P_max + 1));
+    float *pair_weight = malloc(sizeof(float) * (size_t)(P_max + 1));
+    ks_group *groups = malloc(sizeof(ks_group) * (size_t)(E + 1));
+    float *inter = malloc(sizeof(float) * (size_t)(P_max * ex->inter + 1));
+    float *xq = quant_act ? malloc(sizeof(float) * (size_t)(T * ex->hidden + 1)) : NULL;
+    const int bf16_path = isa == KS_ISA_AVX512BF16 && quant_act && ex->format == KS_MXFP4 && ex->bf16_scales_ok;
+    uint16_t *xb = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * T * ex->hidden + 1)) : NULL;
+    uint16_t *inter_b = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
+    if (!count || !pair_token || !pair_weight || !groups || !inter || (quant_act && !xq) ||
+        (bf16_path && (!xb || !inter_b))) { rc = -3; goto done; }
+
+    /* Counting sort of the routed pairs by expert, token order kept inside an expert. */
+    for (int64_t p = 0; p < P_max; ++p) if (ids[p] >= 0) count[ids[p] + 1]++;
+    for (int e = 0; e < E; ++e) count[e + 1] += count[e];
+    int ng = 0;
+    for (int e = 0; e < E; ++e)
+        if (count[e + 1] > count[e]) { groups[ng].expert = e; groups[ng].first = count[e]; groups[ng].count = count[e + 1] - count[e]; ++ng; }
+    for (int64_t p = 0; p < P_max; ++p) {
+        const int e = ids[p];
+        if (e < 0) continue;
+        const int slot = count[e]++;
+        pair_token[slot] = (int32_t)(p / K);
+        pair_weight[slot] = post_scale ? wts[p] : 1.0f;
+    }
+    if (ng == 0) goto done;
+    if (nthreads > ex->inter / KS_KBLOCK) nthreads = ex->inter / KS_KBLOCK;
+
+    ks_call call = {ex, act, quant_act ? xq : h, T, groups, ng, pair_token, pair_weight, inter, quant_act, out,
+                    xb, inter_b};
+    ks_task proto = {&call, h, xq, NULL, 0, 1};
+    pthread_mutex_lock(&pool.call_lock);
+    if (quant_act) run_phase(proto, T < nthreads ? (int)T : nthreads);
+    proto.fn = gu;
+    run_phase(proto, nthreads);
+    proto.fn = dn;
+    run_phase(proto, nthreads);
+    pthread_mutex_unlock(&pool.call_lock);
+done:
+    free(count); free(pair_token); free(pair_weight); free(groups); free(inter); free(xq); free(xb); free(inter_b);
+    return rc;
+}
+
+typedef struct { const uint8_t *p; int64_t n; read_fn rd; double sum; } ks_read_job;
+
+static void *read_main(void *arg) {
+    ks_read_job *j = (ks_read_job *)arg;
+    j->sum = j->rd(j->p, j->n);
+    return NULL;
+}
+
+/* Read n bytes with nthreads threads (n % (256 * nthreads) == 0); returns a checksum. */
+double ks_read_bandwidth_probe(const uint8_t *p, int64_t n, int nthreads, int isa) {
+    phase_fn gu, dn;
+    read_fn rd;
+    if (pick(isa, &gu, &dn, &rd) || nthreads < 1 || nthreads > 64) return NAN;
+    ks_read_job jobs[64];
+    pthread_t th[64];
+    const int64_t chunk = n / nthreads;
+    for (int t = 0; t < nthreads; ++t) { jobs[t].p = p + chunk * t; jobs[t].n = chunk; jobs[t].rd = rd; jobs[t].sum = 0; }
+    int started = 1;
+    for (int t = 1; t < nthreads; ++t) { if (pthread_create(&th[t], NULL, read_main, &jobs[t])) break; ++started; }
+    read_main(&jobs[0]);
+    double s = jobs[0].sum;
+    for (int t = 1; t < started; ++t) { pthread_join(th[t], NULL); s += jobs[t].sum; }
+    for (int t = started; t < nthreads; ++t) s += rd(jobs[t].p, jobs[t].n);
+    return s;
+}
+
+/* Repack one matrix (rows x K logical, row-major source) into the tile layout of ks_native.h.
+ * data: row_bytes per row (natural FP4 packing: even element in the low nibble); scales:
+ * scale_row_bytes per row (or NULL); order: source row of each destination row; dst: rows/4
+ * tiles of tile_stride bytes (the caller zeroes the padding).  Returns 0 or -1. */
+int ks_repack_matrix(int fmt, const uint8_t *data, int64_t row_bytes, const uint8_t *scales,
+                     int64_t scale_row_bytes, int64_t rows, int64_t K, const int64_t *order,
+                     uint8_t *dst, int64_t tile_stride) {
+    if (K % KS_KBLOCK || rows % KS_TILE_ROWS || fmt < 0 || fmt >= KS_NUM_FORMATS) return -1;
+    const int64_t nkb = K / KS_KBLOCK, db = row_bytes / nkb;
+    const int64_t sb = scales ? scale_row_bytes / nkb : 0;
+    const int fp4 = fmt == KS_MXFP4 || fmt == KS_NVFP4;
+    for (int64_t t = 0; t < rows / KS_TILE_ROWS; ++t) {
+        uint8_t *tile = dst + t * tile_stride, *tscale = tile + nkb * KS_TILE_ROWS * db;
+        for (int r = 0; r < KS_TILE_ROWS; ++r) {
+            const int64_t src = order[t * KS_TILE_ROWS + r];
+            if (src < 0 || src >= rows) return -1;
+            const uint8_t *srow = data + src * row_bytes;
+            for (int64_t kb = 0; kb < nkb; ++kb) {
+                uint8_t *d = tile + (kb * KS_TILE_ROWS + r) * db;
+                const uint8_t *s = srow + kb * db;
+                if (fp4) {
+                    uint8_t c[32];
+                    for (int j = 0; j < 16; ++j) { c[2 * j] = s[j] & 15; c[2 * j + 1] = s[j] >> 4; }
+                    for (int j = 0; j < 16; ++j) d[j] = (uint8_t)(c[j] | (c[j + 16] << 4));
+                } else {
+                    memcpy(d, s, (size_t)db);
+                }
+                if (sb) memcpy(tscale + (kb * KS_TILE_ROWS + r) * sb, scales + src * scale_row_bytes + kb * sb, (size_t)sb);
+            }
+        }
+    }
+    return 0;
+}

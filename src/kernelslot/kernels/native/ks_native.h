@@ -1,0 +1,100 @@
+/* kernelslot native CPU MoE decode kernels: shared declarations.
+ *
+ * Contract (see docs/native.md): weights are repacked once, in Python, into row tiles of
+ * KS_TILE_ROWS rows.  A tile holds, for every contraction block of KS_KBLOCK elements, the
+ * data of its rows ([kblock][row][data bytes]) followed by all the block scales
+ * ([kblock][row][scale bytes]); tiles are padded to 64 bytes.  Gate/up tiles interleave
+ * rows (gate i, up i, gate i+1, up i+1); down tiles are 4 consecutive output rows.
+ * FP4 rows store byte j = code[j] | code[j+16] << 4 inside each 32-element block (NVFP4:
+ * elements 0..15 are the first 16-block, 16..31 the second; two E4M3 scale bytes).
+ * All arithmetic is fp32 (FMA), activations fp32.
+ */
+#ifndef KS_NATIVE_H
+#define KS_NATIVE_H
+#include <stdint.h>
+#include <stddef.h>
+
+#define KS_TILE_ROWS 4
+#define KS_KBLOCK 32
+
+enum ks_format {
+    KS_F32 = 0, KS_BF16 = 1, KS_F16 = 2, KS_FP8ROW = 3, KS_MXFP8 = 4, KS_MXFP4 = 5, KS_NVFP4 = 6,
+    KS_NUM_FORMATS = 7
+};
+enum ks_isa { KS_ISA_PORTABLE = 0, KS_ISA_AVX2 = 1, KS_ISA_AVX512 = 2, KS_ISA_AVX512BF16 = 3 };
+enum ks_act_kind { KS_ACT_SWISH = 0, KS_ACT_GELU = 1, KS_ACT_GELU_TANH = 2 };
+
+typedef struct {
+    int32_t format, num_experts, hidden, inter;
+    const uint8_t *gate_up;      /* [E][inter/2 tiles][gu_tile_stride] */
+    const uint8_t *down;         /* [E][hidden/4 tiles][dn_tile_stride] */
+    int64_t gu_tile_stride, dn_tile_stride;  /* bytes */
+    const float *gu_row_scale;   /* fp8_row: (E, 2I) gate rows then up rows, else NULL */
+    const float *dn_row_scale;   /* fp8_row: (E, H), else NULL */
+    const float *gu_outer;       /* nvfp4: (E,), else NULL */
+    const float *dn_outer;       /* nvfp4: (E,), else NULL */
+    const float *gu_bias;        /* (E, 2I) or NULL */
+    const float *dn_bias;        /* (E, H) or NULL */
+    int32_t bf16_scales_ok;      /* mxfp4: every E8M0 scale byte in [2, 252] (bf16 MX path) */
+} ks_experts;
+
+typedef struct {
+    int32_t kind;                /* enum ks_act_kind */
+    float alpha, up_bias;
+    int32_t has_gate_lo, has_gate_hi, has_up_lo, has_up_hi;
+    float gate_lo, gate_hi, up_lo, up_hi;
+} ks_act;
+
+/* One routed (expert, token) pair list, grouped by expert. */
+typedef struct {
+    int32_t expert;      /* local expert id */
+    int32_t first;       /* index of its first pair in the pair arrays */
+    int32_t count;       /* number of pairs (tokens) */
+} ks_group;
+
+typedef struct {
+    const ks_experts *ex;
+    const ks_act *act;
+    const float *x;          /* (T, H) activations the gate/up reads (maybe MXFP8 q-dq) */
+    int64_t T;
+    const ks_group *groups;
+    int32_t num_groups;
+    const int32_t *pair_token;   /* (P,) token of each pair */
+    const float *pair_weight;    /* (P,) multiplier of each pair (1 under NO_SCALE) */
+    float *inter;                /* (P, I) workspace: SwiGLU intermediate per pair */
+    int32_t quantize_inter;      /* MXFP8 q-dq of the intermediate before down */
+    float *out;                  /* (T, H) accumulator */
+    const uint16_t *xb;          /* bf16 MX path: x in the bf16-duplicated layout, else NULL */
+    uint16_t *inter_b;           /* bf16 MX path: (P, 2I) duplicated intermediate, else NULL */
+} ks_call;
+
+/* Per-ISA phases, thread `tid` of `nth` (each covers a disjoint slice). */
+void ks_gate_up_portable(const ks_call *c, int tid, int nth);
+void ks_down_portable(const ks_call *c, int tid, int nth);
+double ks_read_portable(const uint8_t *p, int64_t n);
+#if defined(__x86_64__)
+void ks_gate_up_avx2(const ks_call *c, int tid, int nth);
+void ks_down_avx2(const ks_call *c, int tid, int nth);
+double ks_read_avx2(const uint8_t *p, int64_t n);
+void ks_gate_up_avx512(const ks_call *c, int tid, int nth);
+void ks_down_avx512(const ks_call *c, int tid, int nth);
+double ks_read_avx512(const uint8_t *p, int64_t n);
+void ks_gate_up_avx512bf16(const ks_call *c, int tid, int nth);
+void ks_down_avx512bf16(const ks_call *c, int tid, int nth);
+double ks_read_avx512bf16(const uint8_t *p, int64_t n);
+#endif
+
+/* Shared scalar helpers (ks_native.c). */
+extern float ks_e4m3_lut[256];       /* E4M3 byte -> fp32 */
+extern float ks_e8m0_lut[256];       /* E8M0 byte -> fp32 2^(b-127), 0xFF -> NaN */
+extern float ks_e8m0_p120_lut[256];  /* 2^(b-7): E8M0 scale times 2^120 (fp8 bit trick) */
+extern const float ks_e2m1_values[16];
+float ks_half_to_float(uint16_t h);
+float ks_apply_act(const ks_act *a, float g, float u);
+/* MXFP8 (E4M3, floor E8M0, blocks of 32) quantise-dequantise of n elements (n % 32 == 0). */
+void ks_mxfp8_qdq(const float *x, float *y, int64_t n);
+/* n elements (n % 32 == 0) -> per 32-block 64 bf16 words: [e0..15, e0..15, e16..31, e16..31]
+ * (truncation; exact for values with <= 8 significant bits, e.g. MXFP8 q-dq values). */
+void ks_to_bf16_dup(const float *x, uint16_t *y, int64_t n);
+
+#endif

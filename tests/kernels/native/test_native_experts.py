@@ -1,0 +1,283 @@
+"""The native CPU expert-MLP path against an independent plain-torch reference, per format ×
+activation × T, on every instruction set this CPU supports; plus the MXFP8 quantiser bit for
+bit against kernelslot.formats.quantize_mx."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernelslot.formats import (
+    dequantize_mx,
+    fp4_packed_to_float,
+    quantize_mx,
+    quantize_nvfp4_blocks,
+)
+from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.native import (
+    expert_mlp_native,
+    mxfp8_quantize_native,
+    native_status,
+    native_supports,
+    prepare_native_experts,
+)
+from kernelslot.kernels.native import _build
+
+AVAILABLE, BEST_ISA, REASON = native_status()
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"native path unavailable: {REASON}")
+ISAS = [isa for isa in _build.ISA_NAMES if AVAILABLE and _build.isa_supported(isa)]
+FORMATS = ("f32", "bf16", "f16", "fp8_row", "mxfp8", "mxfp4", "nvfp4")
+ACTS = {
+    "silu": ExpertActivation("silu"),
+    "swigluoai": ExpertActivation.swigluoai(1.702, 7.0),
+    "swish_clamped": ExpertActivation("swish", 1.3, 0.5, (-2.0, 3.0), (-1.5, 1.0)),
+    "gelu": ExpertActivation("gelu"),
+    "gelu_tanh": ExpertActivation("gelu_tanh"),
+}
+E, H, I, K = 5, 96, 64, 3
+
+
+def _make_experts(fmt: str, gen: torch.Generator, bias: bool) -> tuple[ExpertWeights, torch.Tensor, torch.Tensor]:
+    """(weights in ``fmt``, dense gate_up (E,2I,H), dense down (E,H,I)) — the dense tensors
+    are an independent dequantisation used by the reference."""
+    gu = torch.randn(E, 2 * I, H, generator=gen) * 0.2
+    dn = torch.randn(E, H, I, generator=gen) * 0.2
+    extra = {}
+    if bias:
+        extra = dict(gate_up_bias=torch.randn(E, 2 * I, generator=gen) * 0.1,
+                     down_bias=torch.randn(E, H, generator=gen) * 0.1)
+    if fmt in ("f32", "bf16", "f16"):
+        dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[fmt]
+        w = ExpertWeights("dense", gu.to(dt), dn.to(dt), **extra)
+        return w, gu.to(dt).float(), dn.to(dt).float()
+    if fmt == "fp8_row":
+        def q(x):
+            s = x.abs().amax(-1) / 448.0
+            return (x / s.unsqueeze(-1)).to(torch.float8_e4m3fn), s
+        gq, gs = q(gu)
+        dq, ds = q(dn)
+        w = ExpertWeights("fp8_row", gq, dq, gs, ds, **extra)
+        return w, gq.float() * gs.unsqueeze(-1), dq.float() * ds.unsqueeze(-1)
+    if fmt in ("mxfp4", "mxfp8"):
+        elem = "fp4" if fmt == "mxfp4" else "fp8_e4m3"
+        gd, gs = quantize_mx(gu, elem)
+        dd, ds = quantize_mx(dn, elem)
+        w = ExpertWeights(fmt, gd, dd, gs, ds, **extra)
+        return w, dequantize_mx(gd, gs, elem), dequantize_mx(dd, ds, elem)
+    # nvfp4: one outer scale per expert and matrix
+    go = gu.abs().amax(dim=(1, 2)) / 2688.0
+    do = dn.abs().amax(dim=(1, 2)) / 2688.0
+    gd, gs = quantize_nvfp4_blocks(gu, go.view(E, 1, 1))
+    dd, ds = quantize_nvfp4_blocks(dn, do.view(E, 1, 1))
+    w = ExpertWeights("nvfp4", gd, dd, gs, ds, go, do, **extra)
+
+    def deq(d, s, o):
+        v = fp4_packed_to_float(d).reshape(*s.shape, 16) * s.float().unsqueeze(-1)
+        return v.reshape(d.shape[0], d.shape[1], -1) * o.view(-1, 1, 1)
+    return w, deq(gd, gs, go), deq(dd, ds, do)
+
+
+def _qdq(x: torch.Tensor) -> torch.Tensor:
+    d, s = quantize_mx(x, "fp8_e4m3")
+    return dequantize_mx(d, s, "fp8_e4m3")
+
+
+def _act_ref(act: ExpertActivation, g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    (glo, ghi), (ulo, uhi) = act.gate_clamp, act.up_clamp
+    g = g.clamp(min=glo, max=ghi) if (glo is not None or ghi is not None) else g
+    u = u.clamp(min=ulo, max=uhi) if (ulo is not None or uhi is not None) else u
+    if act.kind == "gelu":
+        a = torch.nn.functional.gelu(g)
+    elif act.kind == "gelu_tanh":
+        a = torch.nn.functional.gelu(g, approximate="tanh")
+    else:
+        alpha = 1.0 if act.kind == "silu" else act.alpha
+        a = g * torch.sigmoid(alpha * g)
+    return a * (u + act.up_bias)
+
+
+def _reference(x, ids, wts, w: ExpertWeights, gu, dn, act, post_scale, quant):
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    xin = _qdq(x) if quant else x
+    for t in range(x.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            if e < 0:
+                continue
+            y = gu[e] @ xin[t]
+            if w.gate_up_bias is not None:
+                y = y + w.gate_up_bias[e]
+            a = _act_ref(act, y[:I], y[I:])
+            if quant:
+                a = _qdq(a.unsqueeze(0))[0]
+            z = dn[e] @ a
+            if w.down_bias is not None:
+                z = z + w.down_bias[e]
+            out[t] += (float(wts[t, k]) if post_scale else 1.0) * z.double()
+    return out
+
+
+def _routing(T: int, gen: torch.Generator, drop: bool = False):
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    if drop:
+        ids[torch.rand(T, K, generator=gen) < 0.3] = -1
+    wts = torch.rand(T, K, generator=gen) + 0.1
+    return ids, wts
+
+
+def _run_and_compare(fmt, act_name, T, isa, *, bias=True, post_scale=True, quant=False, drop=False,
+                     threads=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w, gu, dn = _make_experts(fmt, gen, bias)
+    act = ACTS[act_name]
+    assert native_supports(w, act, T)
+    prep = prepare_native_experts(w)
+    x = torch.randn(T, H, generator=gen)
+    ids, wts = _routing(T, gen, drop)
+    base = torch.randn(T, H, generator=gen)
+    out = base.clone()
+    expert_mlp_native(x, ids, wts, prep, act, post_scale, quant, out, num_threads=threads, isa=isa)
+    ref = _reference(x, ids, wts, w, gu, dn, act, post_scale, quant) + base.double()
+    err = (out.double() - ref).abs()
+    scale = ref.abs().max().item()
+    if quant:  # one E4M3 rounding flip in the intermediate moves a few outputs slightly
+        rel = (err.norm() / ref.norm()).item()
+        assert rel < 2e-3, f"{fmt}/{act_name}/T={T}/{isa}: relative norm error {rel:.2e}"
+    else:
+        bad = err > 2e-5 * scale + 1e-5 * ref.abs()
+        assert not bad.any(), f"{fmt}/{act_name}/T={T}/{isa}: max err {err.max():.3e} (scale {scale:.3e})"
+    return out
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("act_name", list(ACTS))
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_formats_activations_default_isa(fmt, act_name, T):
+    _run_and_compare(fmt, act_name, T, BEST_ISA)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_isa(fmt, isa):
+    for T in (1, 8):
+        _run_and_compare(fmt, "swigluoai", T, isa, seed=T)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", ("bf16", "mxfp4", "nvfp4", "mxfp8"))
+def test_mxfp8_activation_quantisation(fmt, isa):
+    for T in (1, 3, 8):
+        _run_and_compare(fmt, "swigluoai", T, isa, quant=True, seed=T)
+
+
+@pytest.mark.parametrize("fmt", ("mxfp4", "bf16"))
+def test_no_scale_dropped_ids_no_bias(fmt):
+    _run_and_compare(fmt, "silu", 8, BEST_ISA, bias=False, post_scale=False, drop=True)
+
+
+def test_threads_give_identical_bits_and_many_tokens_per_expert():
+    """All 20 tokens on the same two experts exercises token chunking; thread splits only
+    partition rows, so every thread count gives the same bits."""
+    gen = torch.Generator().manual_seed(3)
+    w, *_ = _make_experts("nvfp4", gen, True)
+    prep = prepare_native_experts(w)
+    x = torch.randn(20, H, generator=gen)
+    ids = torch.tensor([[1, 3, -1]] * 20)
+    wts = torch.rand(20, K, generator=gen)
+    outs = []
+    for nth in (1, 2, 3):
+        out = torch.zeros(20, H)
+        expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, True, out, num_threads=nth)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    _run_and_compare("nvfp4", "swigluoai", 20, BEST_ISA, quant=True, seed=3)
+
+
+def test_all_ids_dropped_leaves_out_unchanged():
+    gen = torch.Generator().manual_seed(4)
+    w, *_ = _make_experts("bf16", gen, True)
+    prep = prepare_native_experts(w)
+    out = torch.randn(2, H, generator=gen)
+    before = out.clone()
+    expert_mlp_native(torch.randn(2, H), torch.full((2, K), -1), torch.ones(2, K), prep,
+                      ACTS["silu"], True, False, out)
+    assert torch.equal(out, before)
+
+
+def test_bad_input_is_rejected_clearly():
+    gen = torch.Generator().manual_seed(5)
+    w, *_ = _make_experts("mxfp4", gen, False)
+    prep = prepare_native_experts(w)
+    x, out = torch.randn(2, H), torch.zeros(2, H)
+    with pytest.raises(ValueError, match="out of range"):
+        expert_mlp_native(x, torch.tensor([[0, E, 1], [0, 1, 2]]), torch.ones(2, K), prep,
+                          ACTS["silu"], True, False, out)
+    with pytest.raises(ValueError, match="contiguous"):
+        expert_mlp_native(x, torch.zeros(2, K, dtype=torch.long), torch.ones(2, K), prep,
+                          ACTS["silu"], True, False, torch.zeros(H, 2).t())
+    with pytest.raises(ValueError, match="isa"):
+        expert_mlp_native(x, torch.zeros(2, K, dtype=torch.long), torch.ones(2, K), prep,
+                          ACTS["silu"], True, False, out, isa="sse9")
+
+
+def test_supports_domain():
+    gen = torch.Generator().manual_seed(6)
+    w, *_ = _make_experts("mxfp4", gen, False)
+    act = ACTS["silu"]
+    assert native_supports(w, act, 1) and native_supports(w, act, 64)
+    assert not native_supports(w, act, 0) and not native_supports(w, act, 65)
+    odd = ExpertWeights("dense", torch.zeros(2, 2 * 48, 40), torch.zeros(2, 40, 48))
+    assert not native_supports(odd, act, 1)
+    with pytest.raises(ValueError, match="multiples of 32"):
+        prepare_native_experts(odd)
+    f64 = ExpertWeights("dense", torch.zeros(2, 64, 32, dtype=torch.float64), torch.zeros(2, 32, 32, dtype=torch.float64))
+    assert not native_supports(f64, act, 1)
+
+
+def test_prepare_leaves_weights_unchanged():
+    gen = torch.Generator().manual_seed(7)
+    w, *_ = _make_experts("nvfp4", gen, True)
+    snap = [t.clone() for t in (w.gate_up, w.down, w.gate_up_scale.view(torch.uint8), w.down_scale.view(torch.uint8))]
+    prepare_native_experts(w)
+    now = (w.gate_up, w.down, w.gate_up_scale.view(torch.uint8), w.down_scale.view(torch.uint8))
+    assert all(torch.equal(a, b) for a, b in zip(snap, now))
+
+
+def test_mxfp8_quantiser_is_bit_exact():
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(64, 256, generator=gen) * torch.logspace(-30, 30, 64).unsqueeze(1)
+    x[0, :32] = 0.0                       # amax 0 -> scale byte 0
+    x[1, :32] = -0.0
+    x[2, :32] = 1e-40                     # subnormal amax
+    x[3, :] = torch.randn(256, generator=gen) * 1e-3
+    x[3, 5] = 448.0 * 2 ** 10             # saturation neighbourhood
+    x[4, :32] = torch.arange(32) * 0.0625 + 0.03125  # E4M3 ties
+    x[5, :32] = torch.tensor([1e38, -3e38] + [1.0] * 30)
+    e4m3_grid = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).float()
+    pos = e4m3_grid[:127].sort().values            # 0 .. 448, finite, positive
+    x[6, :127] = pos * 1.0001
+    x[6, 128:255] = -pos
+    ties = (pos[:-1] + pos[1:]) / 2                  # exact midpoints: round-half-even cases
+    for b in range(4):                               # blocks holding 448 keep scale 2^0
+        x[7, 32 * b] = 448.0
+        x[7, 32 * b + 1: 32 * b + 32] = ties[31 * b: 31 * b + 31]
+    codes, scales = mxfp8_quantize_native(x)
+    ref_codes, ref_scales = quantize_mx(x, "fp8_e4m3")
+    assert torch.equal(scales, ref_scales)
+    assert torch.equal(codes, ref_codes), (codes != ref_codes).nonzero()[:5]
+
+
+@pytest.mark.skipif("avx512bf16" not in ISAS or "avx512" not in ISAS, reason="needs AVX512-BF16")
+def test_bf16_mx_path_matches_fp32_path():
+    """On the MX path (MXFP4 weights, MXFP8 activations) avx512bf16 multiplies exactly in bf16;
+    only the fp32 summation order differs from the avx512 fp32 kernels."""
+    gen = torch.Generator().manual_seed(9)
+    w, *_ = _make_experts("mxfp4", gen, True)
+    prep = prepare_native_experts(w)
+    x = torch.randn(7, H, generator=gen)
+    ids, wts = _routing(7, gen, drop=True)
+    outs = {}
+    for isa in ("avx512", "avx512bf16"):
+        outs[isa] = torch.zeros(7, H)
+        expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, True, outs[isa], isa=isa)
+    diff = (outs["avx512"] - outs["avx512bf16"]).norm() / outs["avx512"].norm()
+    assert diff.item() < 1e-4
