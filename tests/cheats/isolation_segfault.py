@@ -5,8 +5,6 @@ the signal by name and carries on with a fresh worker.
 """
 import ctypes
 
-import torch
-
 SLOT = "norm.rmsnorm"
 EXPECT = ("raised", "crash")
 

@@ -1,8 +1,6 @@
 """attention.sdpa and attention.decode: references, built-in kernels through the referee, cheats."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,31 +9,20 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kernelslot.kernels.attention import decode
 from kernelslot.slots import get_slot
-from kernelslot.slots.base import Candidate, Case, Kernel
+from kernelslot.slots.base import Candidate, Case
 from kernelslot.verify import VerifyOptions, verify_slot
 from kernelslot.verify.pipeline import make_case
+from tests.helpers import cheat_kernel, failures
 
-CHEATS = Path(__file__).resolve().parents[1] / "cheats"
 SDPA = get_slot("attention.sdpa")
 DECODE = get_slot("attention.decode")
-
-
-def _cheat(name: str) -> Kernel:
-    spec = importlib.util.spec_from_file_location(f"cheat_{name}", CHEATS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Kernel(module.entry, name=name)
-
-
-def _failures(report) -> list:
-    return [(r.profile, r.dtype, [(c.name, c.message[:200]) for c in r.failures()]) for r in report.results if not r.passed]
 
 
 @pytest.mark.parametrize("slot_name", ["attention.sdpa", "attention.decode"])
 def test_builtin_passes_every_profile_and_dtype(slot_name: str) -> None:
     defn = get_slot(slot_name)
     report = verify_slot(defn, Candidate(defn.incumbent))
-    assert report.passed, _failures(report)
+    assert report.passed, failures(report)
     assert len(report.results) == len(defn.profiles)
     assert {r.dtype for r in report.results} == {"float32", "bfloat16", "float16"}
 
@@ -51,13 +38,13 @@ def test_profiles_cover_adversarial_and_minimax_geometry() -> None:
 
 
 def test_sdpa_cheat_assuming_contiguous_output_is_caught() -> None:
-    report = verify_slot(SDPA, Candidate(_cheat("attention_sdpa_assumes_contiguous")), VerifyOptions(dtypes=(torch.float32,)))
+    report = verify_slot(SDPA, Candidate(cheat_kernel("attention_sdpa_assumes_contiguous")), VerifyOptions(dtypes=(torch.float32,)))
     assert not report.passed
     assert {"out_of_bounds_write", "poison_left"} <= report.failed_checks()
 
 
 def test_decode_cheat_attending_block0_for_minus_one_is_caught() -> None:
-    report = verify_slot(DECODE, Candidate(_cheat("attention_decode_minus_one_as_block0")), VerifyOptions(dtypes=(torch.float32,)))
+    report = verify_slot(DECODE, Candidate(cheat_kernel("attention_decode_minus_one_as_block0")), VerifyOptions(dtypes=(torch.float32,)))
     assert not report.passed
     assert report.failed_checks() == {"compare"}
     failing = {r.profile for r in report.results if not r.passed}

@@ -1,41 +1,27 @@
 """attention.msa_block_score and attention.msa_prefill_block_score: references, audits, built-ins, cheats."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from kernelslot.abi import allocate_output
 from kernelslot.kernels.msa import msa_prefill_block_score
 from kernelslot.slots import get_slot
-from kernelslot.slots.base import Candidate, Case, Kernel, OutputSpec
+from kernelslot.slots.base import Candidate, Case, OutputSpec
 from kernelslot.verify import VerifyOptions, verify_slot
 from kernelslot.verify.pipeline import make_case
+from tests.helpers import cheat_kernel, failures
 
-CHEATS = Path(__file__).resolve().parents[1] / "cheats"
 SCORE = get_slot("attention.msa_block_score")
 PREFILL = get_slot("attention.msa_prefill_block_score")
 FP32 = VerifyOptions(dtypes=(torch.float32,))
-
-
-def _cheat(name: str) -> Kernel:
-    spec = importlib.util.spec_from_file_location(f"cheat_{name}", CHEATS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return Kernel(module.entry, name=name)
-
-
-def _failures(report) -> list:
-    return [(r.profile, r.dtype, [(c.name, c.message[:200]) for c in r.failures()]) for r in report.results if not r.passed]
 
 
 @pytest.mark.parametrize("slot_name", ["attention.msa_block_score", "attention.msa_prefill_block_score"])
 def test_builtin_passes_every_profile_and_dtype(slot_name: str) -> None:
     defn = get_slot(slot_name)
     report = verify_slot(defn, Candidate(defn.incumbent))
-    assert report.passed, _failures(report)
+    assert report.passed, failures(report)
     assert len(report.results) == len(defn.profiles)
     assert {r.dtype for r in report.results} == {"float32", "bfloat16", "float16"}
 
@@ -57,13 +43,13 @@ def test_minimax_profiles_use_the_real_index_geometry() -> None:
     ],
 )
 def test_cheat_is_caught_by_its_check(slot_name: str, cheat: str, check: str) -> None:
-    report = verify_slot(get_slot(slot_name), Candidate(_cheat(cheat)), FP32)
+    report = verify_slot(get_slot(slot_name), Candidate(cheat_kernel(cheat)), FP32)
     assert not report.passed
     assert check in report.failed_checks()
 
 
 def test_repeat_padding_passes_overlap_and_fails_only_the_audit() -> None:
-    report = verify_slot(PREFILL, Candidate(_cheat("msa_prefill_repeat_padding")), FP32)
+    report = verify_slot(PREFILL, Candidate(cheat_kernel("msa_prefill_repeat_padding")), FP32)
     assert report.failed_checks() == {"audit"}
     assert "duplicate" in report.results[0].check("audit").message
 

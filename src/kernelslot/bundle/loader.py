@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Callable
 
 from kernelslot.bundle.hashing import bundle_hash
-from kernelslot.bundle.manifest import Manifest, ManifestError, OpRow, load_manifest
+from kernelslot.bundle.manifest import Manifest, ManifestError, load_manifest
 from kernelslot.slots import CATALOG, Candidate, Kernel
 from kernelslot.slots.base import KernelSource
 

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import torch
 
 from kernelslot.abi import AllocatedOutput
-from kernelslot.verify.report import FAIL, PASS, ProfileResult
+from kernelslot.verify.report import FAIL, ProfileResult
 from kernelslot.verify.runner import CallObservation, TensorMeta
 
 
