@@ -48,12 +48,13 @@ def median_call_time(runner: Runner, kernel: Kernel, args: list, reps: int,
 
 
 def time_side_by_side(defn: SlotDef, cand: Candidate, runner: Runner, case: Case, prepared: Any, args: list, reps: int,
-                      refill: Callable[[int], Any] | None = None) -> dict[str, float]:
+                      refill: Callable[[int], Any] | None = None, incumbent: Kernel | None = None) -> dict[str, float]:
+    """Time ``cand`` and the incumbent (by default the slot's; pass the routed built-in) on the same calls."""
     cand_t = median_call_time(runner, cand.kernel, args, reps, refill)
     timing = {"candidate_s": cand_t.median_s, "candidate_spread": cand_t.spread}
     if cand_t.worker_median_s is not None:
         timing["candidate_worker_s"] = cand_t.worker_median_s
-    incumbent = defn.incumbent
+    incumbent = incumbent or defn.incumbent
     if incumbent.entry is not cand.kernel.entry:
         trusted = runner.incumbent_runner()
         inc_args = list(args)

@@ -122,6 +122,10 @@ class SlotDef:
     def builtin_candidates(self) -> tuple["Candidate", ...]:
         return self.builtins or (Candidate(self.incumbent),)
 
+    def incumbent_for(self, desc: CallDescriptor) -> Kernel:
+        """The built-in kernel that serves ``desc`` (the routed built-in variant, else the incumbent)."""
+        return next((c.kernel for c in self.builtin_candidates() if c.domain.matches(desc)), self.incumbent)
+
     @property
     def name(self) -> str:
         return self.slot.name

@@ -187,7 +187,8 @@ class _ProfileRun:
             try:
                 self.result.timing = time_side_by_side(self.defn, self.cand, self.runner, case, prepared, args, self.opts.time_reps,
                                                        refill=lambda rep: refill_live(self.defn, self.profile, self.seed, 1000 + rep,
-                                                                                      case, cpu_case, partial=False))
+                                                                                      case, cpu_case, partial=False),
+                                                       incumbent=self.defn.incumbent_for(desc))
             except RunnerError as exc:
                 self.result.record("raised", FAIL, f"timing: {exc}")
         return self._finish()
