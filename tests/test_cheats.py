@@ -1,6 +1,7 @@
 """Every cheat kernel under tests/cheats/ must fail the referee with a check that names it."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import pkgutil
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 import tests.cheats as cheats_pkg
+from kernelslot.abi import CapabilityDomain
 from kernelslot.slots import Candidate, Kernel, get_slot
 from kernelslot.verify import VerifyOptions, verify_slot
 
@@ -26,7 +28,11 @@ def test_cheat_fails_with_named_check(name):
     mod = importlib.import_module(f"tests.cheats.{name}")
     defn = get_slot(mod.SLOT)
     kernel = Kernel(mod.entry, getattr(mod, "prepare", None), name=f"cheat.{name}")
-    report = verify_slot(defn, Candidate(kernel), OPTS)
+    # a cheat may declare the domain and model a bundle would (to dodge profiles outside them)
+    domain = CapabilityDomain.from_mapping(getattr(mod, "DOMAIN", {}))
+    opts = dataclasses.replace(OPTS, model=getattr(mod, "MODEL", None),
+                               dtypes=None if hasattr(mod, "DOMAIN") else OPTS.dtypes)
+    report = verify_slot(defn, Candidate(kernel, domain, model=getattr(mod, "MODEL", None)), opts)
     assert not report.passed, f"cheat {name} passed the referee"
     caught = report.failed_checks()
     assert caught & set(mod.CATCHES), f"cheat {name} failed only {sorted(caught)}, expected one of {sorted(mod.CATCHES)}"

@@ -81,14 +81,17 @@ def _options(args: argparse.Namespace):
         raise UsageError("--world-size must be at least 2 (collective slots run one process per rank)")
     if args.seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
-    if args.random_seeds:
+    untrusted = args.bundle is not None
+    if args.random_seeds or (untrusted and args.seed_base is None):
+        # a bundle's inputs are drawn from a seed it cannot anticipate (printed for reproduction)
         args.seed_base = int.from_bytes(os.urandom(4), "little")
         print(f"kernelslot: seeds drawn at random; reproduce with --seed-base {args.seed_base}", file=sys.stderr)
-    seeds = tuple(range(args.seed_base, args.seed_base + args.seeds))
+    seed_base = args.seed_base or 0
+    seeds = tuple(range(seed_base, seed_base + args.seeds))
     return VerifyOptions(device=args.device, dtypes=dtypes, seeds=seeds, replays=args.replays,
                          profiles=tuple(args.profile) if args.profile else None, model=args.model, time=args.time,
                          world_sizes=tuple(args.world_size) if args.world_size else VerifyOptions.world_sizes,
-                         collective_timeout_s=args.timeout)
+                         collective_timeout_s=args.timeout, extra_replays=2 if untrusted else 0)
 
 
 def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Candidate]]], object | None]:
@@ -119,8 +122,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from kernelslot.verify import verify_slot
     from kernelslot.verify.render import render_slot
 
+    targets, bundle = _targets(args)  # a bad bundle is reported before anything else is said
     opts = _options(args)
-    targets, bundle = _targets(args)
     runner = _make_runner(args, bundle)
     store = run_id = None
     if args.store:
@@ -182,10 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--model", help="model profile to verify against (overrides the bundle's metadata)")
     v.add_argument("--profile", action="append", help="only this diagnostic profile (repeatable)")
     v.add_argument("--seeds", type=int, default=1, help="number of seeds per profile (default 1)")
-    v.add_argument("--seed-base", type=int, default=0, help="first seed (default 0: reproducible inputs)")
+    v.add_argument("--seed-base", type=int, default=None,
+                   help="first seed (default: 0 for built-ins; drawn at random and printed for a bundle)")
     v.add_argument("--random-seeds", action="store_true",
                    help="draw the first seed at random (inputs no candidate can anticipate); it is printed")
-    v.add_argument("--replays", type=int, default=2, help="fresh-input replays per profile (>= 2)")
+    v.add_argument("--replays", type=int, default=3,
+                   help="fresh-input replays per profile (>= 2; a bundle gets up to 2 more, drawn at random)")
     v.add_argument("--time", action="store_true", help="time candidate and incumbent side by side")
     iso = v.add_mutually_exclusive_group()
     iso.add_argument("--isolate", dest="isolate", action="store_true", default=None,

@@ -15,12 +15,22 @@ def test_allclose_rejects_nan_and_reports_location():
 
 
 def test_matched_ratio_threshold():
-    e = torch.zeros(100)
+    e = torch.ones(100)
     a = e.clone()
-    a[:2] = 1.0
+    a[:2] = 1.0 + 5e-5  # off by 2.5x the fp32 tolerance: rounding-like, tolerated in 3% of cells
     assert MatchedRatio(0.97).compare(a, e).passed
-    a[:5] = 1.0
+    a[:5] = 1.0 + 5e-5
     assert not MatchedRatio(0.97).compare(a, e).passed
+
+
+def test_matched_ratio_rejects_gross_outliers_however_few():
+    e = torch.randn(4, 256, generator=torch.Generator().manual_seed(0))
+    a = e.clone()
+    a[:, 127] = 0.0  # one skipped lane: 0.4% of cells, each wrong by about the row's scale
+    v = MatchedRatio(0.97).compare(a, e)
+    assert not v.passed and "grossly wrong" in v.detail
+    noisy = (e + 1e-6 * torch.randn(4, 256, generator=torch.Generator().manual_seed(1)))
+    assert MatchedRatio(0.97).compare(noisy, e).passed
 
 
 def test_bf16_tolerance_is_looser():

@@ -24,7 +24,7 @@ def test_registered_in_the_catalog() -> None:
 def test_profiles_cover_the_required_axes() -> None:
     cases = [(p, _case(p)) for p in BLOCK.profiles]
     assert {p.model for p in BLOCK.profiles} == {"generic", "qwen3-moe", "gpt-oss", "MiniMax-M3"}
-    assert {p.dtype for p in BLOCK.profiles} == {torch.float32, torch.bfloat16}
+    assert {p.dtype for p in BLOCK.profiles} == {torch.float32, torch.bfloat16, torch.float16}
     tokens = {p.dims["T"] for p in BLOCK.profiles}
     assert min(tokens) == 1 and max(tokens) == 128
     layers = [c.prepare_args[1] for _, c in cases]

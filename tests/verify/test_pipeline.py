@@ -26,7 +26,8 @@ def test_padded_outputs_are_not_contiguous_and_canaried():
 
 def spy(x, out):
     poisoned = bool(torch.isnan(out).all() or (out == FINITE_POISON).all())
-    seen.append({"nan": poisoned, "finite": not torch.isnan(out).any(), "ptr": x.data_ptr(), "x0": x.reshape(-1)[-1].item()})
+    seen.append({"nan": poisoned, "finite": not torch.isnan(out).any(), "ptr": x.data_ptr(), "x0": x.reshape(-1)[-1].item(),
+                 "contiguous": out.is_contiguous() and out.storage_offset() == 0})
     d = x.shape[-1] // 2
     out.copy_(torch.nn.functional.silu(x[..., :d].float()) * x[..., d:].float())
 
@@ -36,10 +37,12 @@ def test_every_call_sees_poison_and_fresh_inputs_at_stable_addresses():
     defn = get_slot("activation.silu_and_mul")
     report = verify_slot(defn, Candidate(Kernel(spy, name="spy")), VerifyOptions(dtypes=(torch.float32,), profiles=("decode_batch",), replays=3))
     assert report.passed
-    assert len(seen) == 4 and all(s["nan"] for s in seen)  # poisoned before the eager call too
-    assert [s["finite"] for s in seen] == [False, True, False, False]  # one replay uses a finite sentinel
-    assert len({s["ptr"] for s in seen}) == 1  # same storage across replays
-    assert len({s["x0"] for s in seen}) == 4  # fresh values every call
+    # first call + 3 replays (full, tail, head refills) + one engine-like call with plain outputs
+    assert len(seen) == 5 and all(s["nan"] for s in seen[:4])  # poisoned before the eager call too
+    assert [s["finite"] for s in seen] == [False, True, False, False, True]  # a finite sentinel, then random fill
+    assert not seen[4]["nan"] and seen[4]["contiguous"]
+    assert len({s["ptr"] for s in seen}) == 1  # same input storage across replays
+    assert len({s["x0"] for s in seen}) >= 4  # fresh values (the head refill keeps the tail cell)
 
 
 def test_profiles_outside_the_domain_are_skipped_and_unexercised_domains_fail():

@@ -85,19 +85,47 @@ class AllClose:
 
 @dataclass(frozen=True)
 class MatchedRatio:
-    """The fraction of matching cells must reach ``min_ratio``."""
+    """The fraction of matching cells must reach ``min_ratio``, and no cell may be grossly wrong.
+
+    The ratio leaves room for reordered or low-precision arithmetic, not for skipped work: a cell
+    whose error exceeds ``outlier_factor · (atol + rtol · rms(expected row))`` (the row is the last
+    dimension) fails the comparison however few such cells there are. Rounding noise stays far
+    below that bound; a dropped expert, token or lane does not.
+    """
 
     min_ratio: float
     atol: float | None = None
     rtol: float | None = None
+    outlier_factor: float = 8.0
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
         m, ratio = _matched_ratio(actual, expected, self.atol, self.rtol)
+        gross = self._gross_errors(actual, expected)
+        if gross:
+            return Verdict(False, "matched_ratio", ratio, self.min_ratio, gross)
         detail = _worst(actual, expected, m) if ratio < self.min_ratio else ""
         return Verdict(ratio >= self.min_ratio, "matched_ratio", ratio, self.min_ratio, detail)
 
+    def _gross_errors(self, actual: torch.Tensor, expected: torch.Tensor) -> str:
+        if actual.numel() == 0:
+            return ""
+        tol = default_tol(actual.dtype)
+        atol = tol if self.atol is None else self.atol
+        rtol = tol if self.rtol is None else self.rtol
+        a, e = actual.double(), expected.double()
+        rms = e.nan_to_num(posinf=0.0, neginf=0.0).square().mean(-1, keepdim=True).sqrt() if e.dim() else e.abs()
+        bound = self.outlier_factor * (atol + rtol * rms)
+        err = (a - e).abs()
+        err = torch.where(torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e)), torch.zeros_like(err), err)
+        bad = ~(err <= bound)  # NaN errors count as gross
+        if not bad.any():
+            return ""
+        idx = tuple(bad.nonzero()[0].tolist())
+        return (f"{int(bad.sum())} cell(s) grossly wrong (error > {self.outlier_factor:g}x the row-scaled tolerance); "
+                f"first at {list(idx)}: got {actual[idx].item():.6g}, expected {expected[idx].item():.6g}")
+
     def describe(self) -> str:
-        return f"matched_ratio >= {self.min_ratio}"
+        return f"matched_ratio >= {self.min_ratio} (no cell off by > {self.outlier_factor:g}x row-scaled tolerance)"
 
 
 @dataclass(frozen=True)

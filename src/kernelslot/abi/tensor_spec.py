@@ -58,14 +58,33 @@ class AllocatedOutput:
     mask: torch.Tensor  # bool over ``base``: True where the view lives
 
     poisoned_finite: bool = False
+    poisoned_random: bool = False
 
     def poison(self, finite: bool = False) -> None:
-        self.poisoned_finite = finite
+        self.poisoned_finite, self.poisoned_random = finite, False
         self.view.fill_(poison_value(self.view.dtype, finite))
+
+    def poison_random(self, gen: torch.Generator) -> None:
+        """Fill every cell with a different plausible value: nothing for a kernel to recognise.
+
+        Unwritten cells can then no longer be told apart bit-exactly from legitimate results
+        (a random bf16 value does collide with a real one now and then), so after this fill
+        :meth:`poison_mask` reports nothing and unwritten cells are judged by the comparison.
+        """
+        v = self.view
+        if v.dtype.is_floating_point:
+            fill = (torch.randn(v.shape, generator=gen) * 100.0).to(v.dtype)
+        else:
+            info = torch.iinfo(v.dtype)
+            fill = torch.randint(info.min, info.max, v.shape, generator=gen, dtype=torch.int64).to(v.dtype)
+        self.poisoned_finite, self.poisoned_random = True, True
+        v.copy_(fill)
 
     def poison_mask(self) -> torch.Tensor:
         """True where the view still holds the poison it was last filled with."""
         v = self.view
+        if self.poisoned_random:
+            return torch.zeros(v.shape, dtype=torch.bool, device=v.device)
         if v.dtype.is_floating_point and not self.poisoned_finite:
             return torch.isnan(v)
         sentinel = torch.tensor(poison_value(v.dtype, self.poisoned_finite), dtype=v.dtype, device=v.device)
@@ -104,3 +123,10 @@ def allocate_output(spec: OutputSpec, device: torch.device | str) -> AllocatedOu
     mask = torch.zeros(total, dtype=torch.bool, device=device)
     mask.as_strided(shape, strides, _LEAD).fill_(True)
     return AllocatedOutput(view=view, base=base, mask=mask)
+
+
+def allocate_plain(spec: OutputSpec, device: torch.device | str) -> AllocatedOutput:
+    """A plain contiguous output at storage offset 0, as an engine would pass (no canary possible)."""
+    view = torch.empty(spec.shape, dtype=spec.dtype, device=device)
+    base = view.view(-1)
+    return AllocatedOutput(view=view, base=base, mask=torch.ones(base.shape, dtype=torch.bool, device=device))

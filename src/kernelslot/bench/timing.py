@@ -48,9 +48,16 @@ def median_call_time(runner: Runner, kernel: Kernel, args: list, reps: int,
 
 
 def time_side_by_side(defn: SlotDef, cand: Candidate, runner: Runner, case: Case, prepared: Any, args: list, reps: int,
-                      refill: Callable[[int], Any] | None = None, incumbent: Kernel | None = None) -> dict[str, float]:
-    """Time ``cand`` and the incumbent (by default the slot's; pass the routed built-in) on the same calls."""
+                      refill: Callable[[int], Any] | None = None, incumbent: Kernel | None = None,
+                      check_candidate: Callable[[], None] | None = None) -> dict[str, float]:
+    """Time ``cand`` and the incumbent (by default the slot's; pass the routed built-in) on the same calls.
+
+    ``check_candidate`` runs right after the candidate's timed calls (before the incumbent
+    overwrites the outputs), so the referee can check that the timed calls did the work.
+    """
     cand_t = median_call_time(runner, cand.kernel, args, reps, refill)
+    if check_candidate is not None:
+        check_candidate()
     timing = {"candidate_s": cand_t.median_s, "candidate_spread": cand_t.spread}
     if cand_t.worker_median_s is not None:
         timing["candidate_worker_s"] = cand_t.worker_median_s

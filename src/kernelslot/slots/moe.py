@@ -38,6 +38,8 @@ _PROFILES = {
     "decode_t1_k1_raw_weight": (1, 4, 1, 64, 32, 0.0, (0.2, 0.6), 1.0, "generic", "dense"),
     "ragged_batch_nonpow2": (13, 6, 2, 96, 80, 0.0, (0.1, 3.0), 1.0, "generic", "dense"),
     "ep_shard_minus_one": (9, 8, 4, 64, 48, 0.35, (0.1, 1.0), 1.0, "generic", "dense"),
+    "decode_t1_ep_minus_one": (1, 8, 4, 64, 32, 0.5, (0.1, 1.0), 1.0, "generic", "dense"),
+    "large_batch_ep": (96, 16, 4, 128, 64, 0.2, (0.1, 2.0), 1.0, "generic", "dense"),
     "all_ids_minus_one_rows": (6, 4, 2, 64, 32, 1.0, (0.1, 1.0), 1.0, "generic", "dense"),
     "minimax_swigluoai_clamped": (7, 8, 4, 128, 64, 0.0, (0.05, 0.5), 4.0, "MiniMax-M3", "dense"),
     "minimax_nvfp4": (5, 6, 4, 128, 64, 0.0, (0.05, 0.5), 1.0, "MiniMax-M3", "nvfp4"),
@@ -54,6 +56,7 @@ def _make_case(profile: Profile, gen: torch.Generator) -> Case:
         ids[::2] = -1  # every other row routes nowhere (fully remote tokens)
     elif drop > 0:
         ids[torch.rand(m, k, generator=gen) < drop] = -1
+        ids[0, -1] = -1  # at least one remote expert, whatever the draw
     weights = (torch.rand(m, k, generator=gen) * (whi - wlo) + wlo).float()
     w13 = randn((e, 2 * i, h), gen, torch.float32, h ** -0.5)
     w2 = randn((e, h, i), gen, torch.float32, i ** -0.5)

@@ -267,10 +267,10 @@ def _p(name: str, model: str, dtypes: tuple[torch.dtype, ...], **dims) -> tuple[
     return tuple(Profile(name, dims, dt, model) for dt in dtypes)
 
 
-F32, BF16 = torch.float32, torch.bfloat16
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 _PROFILES: tuple[Profile, ...] = (
     # generic: softmax over all E, no renormalisation -> the keystone index mask is live.
-    *_p("t1_selective_dense", "generic", (F32, BF16), T=1, H=128, I=64, E=8, K=2, strategy="selective",
+    *_p("t1_selective_dense", "generic", (F32, BF16, F16), T=1, H=128, I=64, E=8, K=2, strategy="selective",
         residual=True, logits=True),
     *_p("t7_all_expert_ep_rank1", "generic", (F32, BF16), T=7, H=128, I=64, E=16, E_L=8, rank=1, K=4,
         strategy="all_expert", logits=True),
@@ -279,7 +279,7 @@ _PROFILES: tuple[Profile, ...] = (
         strategy="all_expert", scaling=ScalingMode.NO_SCALE, activation=ExpertActivation("gelu_tanh"),
         shared=True, shared_gate=True, residual=True),
     # qwen3-moe: softmax, top-K renormalised.
-    *_p("t3_selective", "qwen3-moe", (F32, BF16), T=3, H=256, I=64, E=16, K=4, strategy="selective",
+    *_p("t3_selective", "qwen3-moe", (F32, BF16, F16), T=3, H=256, I=64, E=16, K=4, strategy="selective",
         residual=True, logits=True),
     *_p("t32_all_expert_ep_mxfp8", "qwen3-moe", (BF16,), T=32, H=128, I=64, E=16, E_L=8, rank=1, K=4,
         format="mxfp8", strategy="all_expert", residual=True, logits=True),
@@ -292,7 +292,7 @@ _PROFILES: tuple[Profile, ...] = (
     # MiniMax-M3: sigmoid + correction bias, renormalised, ×2.0, shared expert, swigluoai.
     *_p("t1_selective_nvfp4", "MiniMax-M3", (F32, BF16), T=1, H=256, I=64, E=16, K=4, format="nvfp4",
         strategy="selective", residual=True, logits=True),
-    *_p("t64_all_expert_ep_rank1", "MiniMax-M3", (F32, BF16), T=64, H=128, I=32, E=16, E_L=8, rank=1, K=4,
+    *_p("t64_all_expert_ep_rank1", "MiniMax-M3", (F32, BF16, F16), T=64, H=128, I=32, E=16, E_L=8, rank=1, K=4,
         strategy="all_expert", residual=True),
     *_p("t4_selective_fp8_row", "MiniMax-M3", (F32,), T=4, H=128, I=64, E=16, K=4, format="fp8_row",
         strategy="selective", logits=True),

@@ -78,9 +78,13 @@ def _score_case(profile: Profile, gen: torch.Generator) -> Case:
         for j in range(3, math.ceil(s / bs), 3):
             width = min(bs, s - j * bs)
             index_k[:, j * bs:j * bs + width] = index_k[:, :width]
+    q = _values((bsz, hi, d), gen, profile.dtype, integer)
+    for b, n in enumerate(seq_lens):  # keys past seq_len score far above any real key, per head in turn:
+        for i, t in enumerate(range(n, s)):  # a kernel that reads them selects the wrong blocks
+            index_k[b, t] = 16 * q[b, i % hi]
     return Case(
         inputs={
-            "q": _values((bsz, hi, d), gen, profile.dtype, integer),
+            "q": q,
             "index_k": index_k,
             "seq_lens": torch.tensor(seq_lens, dtype=torch.int32),
             "block_size": bs,

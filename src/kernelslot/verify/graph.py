@@ -45,7 +45,7 @@ def graph_replay(run: "_ProfileRun", case: "Case", cpu_case: "Case", outputs: di
         run.result.record("graph_replay", FAIL, "capture failed (host sync or graph-unsafe work?):\n" + traceback.format_exc(limit=4))
         return
     for r in range(GRAPH_REPLAYS):
-        ref_case = refill_live(run.defn, run.profile, run.seed, 100 + r, case, cpu_case, partial=False)
+        ref_case = refill_live(run.defn, run.profile, run.seed, 100 + r, case, cpu_case)
         expected = run.expected(ref_case)
         for alloc in outputs.values():
             alloc.poison()

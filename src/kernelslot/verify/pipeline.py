@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import secrets
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -16,6 +17,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kernelslot.abi import Role, SlotKind, allocate_output
+from kernelslot.abi.tensor_spec import allocate_plain
 from kernelslot.abi.capability import CallDescriptor
 from kernelslot.slots.base import Candidate, Case, Profile, SlotDef, dtype_name
 from kernelslot.verify.checks import check_call, check_inputs, snapshot
@@ -32,7 +34,8 @@ class VerifyOptions:
     device: str = "cpu"
     dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype the slot's profiles take
     seeds: tuple[int, ...] = (0,)
-    replays: int = 2  # fresh-input replays after the first call (at least two)
+    replays: int = 3  # fresh-input replays after the first call (at least two): full, tail, head refills
+    extra_replays: int = 0  # up to this many more, drawn per profile from an unseeded RNG (untrusted bundles)
     profiles: tuple[str, ...] | None = None  # profile-name filter
     model: str | None = None  # run this model's profiles (falls back to generic where the slot has none)
     graph: bool = True  # CUDA-graph replay for graph_safe candidates on CUDA
@@ -72,9 +75,9 @@ def make_case(defn: SlotDef, profile: Profile, seed: int, call: int) -> Case:
 
 
 def to_device(obj: Any, device: torch.device) -> Any:
-    """Move tensors inside ``obj`` (tuples, lists, dicts, dataclasses) to ``device``."""
+    """Copy the tensors inside ``obj`` (tuples, lists, dicts, dataclasses) to ``device``."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device)
+        return obj.to(device, copy=True)  # never the referee's own CPU image, even on the CPU
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_device(o, device) for o in obj)
     if isinstance(obj, dict):
@@ -117,23 +120,28 @@ def describe(defn: SlotDef, case: Case, profile: Profile, device: str) -> CallDe
     return dataclasses.replace(desc, arch=device_arch(device), dtype=dtype_name(profile.dtype), model=profile.model)
 
 
-def refill_live(defn: SlotDef, profile: Profile, seed: int, call: int, case: Case, prev: Case, partial: bool) -> Case:
+REFILL_SCHEDULE = ("full", "tail", "head")  # replay r uses REFILL_SCHEDULE[(r - 1) % 3]
+
+
+def refill_live(defn: SlotDef, profile: Profile, seed: int, call: int, case: Case, prev: Case, mode: str = "full") -> Case:
     """Refill the live inputs of ``case`` in place (same storage) and return the CPU case they now hold.
 
-    A full refill draws every live input afresh. A ``partial`` refill redraws only the trailing
-    half (in memory order) of the floating-point live inputs and keeps everything else, so a
-    kernel that caches results keyed by a fingerprint of a few input cells returns stale data.
+    ``full`` redraws every live input. ``tail`` / ``head`` redraw only the trailing / leading
+    half (in memory order) of the floating-point live inputs and keep everything else (integer
+    inputs included), so a kernel that memoises on a fingerprint of a few cells at either end
+    of an input returns stale data on one of them.
     """
     fresh = make_case(defn, profile, seed, call)
     now = {}
     for name in case.live_names():
         old, new = prev.inputs[name], fresh.inputs[name]
-        if partial:
+        if mode != "full":
             if not new.dtype.is_floating_point:
                 continue
             new = old.clone().contiguous()
             half = new.numel() // 2
-            new.view(-1)[half:] = fresh.inputs[name].contiguous().view(-1)[half:]
+            region = slice(half, None) if mode == "tail" else slice(0, half)
+            new.view(-1)[region] = fresh.inputs[name].contiguous().view(-1)[region]
         case.inputs[name].copy_(new)
         now[name] = new
     return dataclasses.replace(prev, inputs={**prev.inputs, **now})
@@ -172,11 +180,15 @@ class _ProfileRun:
         args = self._args(case, outputs, prepared)
         arg_names = [a.name for a in slot.args]
         ref_case = cpu_case  # the CPU image of what the live inputs hold now
-        for call in range(1 + self.opts.replays):
+        replays = self.opts.replays + (secrets.randbelow(self.opts.extra_replays + 1) if self.opts.extra_replays else 0)
+        for call in range(1 + replays):
             if call:
-                ref_case = refill_live(self.defn, self.profile, self.seed, call, case, ref_case, partial=call % 2 == 0)
+                mode = REFILL_SCHEDULE[(call - 1) % len(REFILL_SCHEDULE)]
+                ref_case = refill_live(self.defn, self.profile, self.seed, call, case, ref_case, mode)
             if not self._one_call(call, case, ref_case, outputs, args, arg_names, prep_snap):
                 return self._finish()
+        if not self._plain_call(case, ref_case, args, arg_names, prep_snap):
+            return self._finish()
         if self.device.type == "cuda" and self.opts.graph and self.cand.graph_safe and self.runner.in_process:
             from kernelslot.verify.graph import graph_replay  # captures in this process: in-process runner only
 
@@ -184,11 +196,21 @@ class _ProfileRun:
         if self.opts.time:
             from kernelslot.bench.timing import time_side_by_side
 
+            timed: dict[str, Case] = {}
+
+            def refill(rep: int) -> None:  # fresh inputs and fresh poison before every timed call
+                timed["case"] = refill_live(self.defn, self.profile, self.seed, 1000 + rep, case, cpu_case)
+                for alloc in outputs.values():
+                    alloc.poison()
+
+            def check_timed() -> None:  # the last timed call must have done the work it was timed for
+                if "case" in timed:
+                    self.compare(outputs, self.expected(timed["case"]), "timed call: ", "replay")
+
             try:
                 self.result.timing = time_side_by_side(self.defn, self.cand, self.runner, case, prepared, args, self.opts.time_reps,
-                                                       refill=lambda rep: refill_live(self.defn, self.profile, self.seed, 1000 + rep,
-                                                                                      case, cpu_case, partial=False),
-                                                       incumbent=self.defn.incumbent_for(desc))
+                                                       refill=refill, incumbent=self.defn.incumbent_for(desc),
+                                                       check_candidate=check_timed)
             except RunnerError as exc:
                 self.result.record("raised", FAIL, f"timing: {exc}")
         return self._finish()
@@ -228,11 +250,13 @@ class _ProfileRun:
             self.result.record("audit", FAIL, label + "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""))
         return not problems
 
-    def _one_call(self, call: int, case: Case, ref_case: Case, outputs: dict, args: list, arg_names: list, prep_snap: dict) -> bool:
-        label = f"replay {call}: " if call else ""
+    def _one_call(self, call: int, case: Case, ref_case: Case, outputs: dict, args: list, arg_names: list, prep_snap: dict,
+                  poison: bool = True) -> bool:
+        """Call ``call`` (0 = first, > 0 = replay, -1 = the plain engine-like call) and check it."""
+        label = "plain-output call: " if call < 0 else f"replay {call}: " if call else ""
         in_snap = snapshot(case.inputs)
         input_meta = {k: m for k, (_, m) in in_snap.items()}
-        for alloc in outputs.values():
+        for alloc in outputs.values() if poison else ():
             alloc.poison(finite=call == 1)  # the first replay uses a finite sentinel, the others NaN
         out_meta = {n: TensorMeta.of(a.view) for n, a in outputs.items()}
         obs = self.runner.call(self.cand.kernel, args)
@@ -243,13 +267,27 @@ class _ProfileRun:
         usable = check_call(self.result, obs, arg_names, list(outputs), outputs, out_meta, input_meta, label)
         if not usable:
             return False
-        check = "replay" if call else "compare"
+        check = "replay" if call else "compare"  # the plain call (-1) is a replay too
         self.performed.add(check)
         compared = self.compare(outputs, expected, label, check)
         if self.defn.audit is not None:
             self.performed.add("audit")
         audited = self.audit(ref_case, outputs, label)
         return inputs_ok and compared and audited and not self.result.failures()
+
+    def _plain_call(self, case: Case, prev: Case, args: list, arg_names: list, prep_snap: dict) -> bool:
+        """One more call the way an engine makes it: plain contiguous outputs at offset 0, each
+        cell filled with a different random value (no NaN, no sentinel, no padding to recognise),
+        on freshly drawn inputs. A kernel that is honest only when it detects the harness fails."""
+        plain = {n: allocate_plain(spec, self.device) for n, spec in case.outputs.items() if spec is not None}
+        self.runner.share([a.base for a in plain.values()])
+        gen = torch.Generator().manual_seed(secrets.randbits(63))
+        for alloc in plain.values():
+            alloc.poison_random(gen)
+        ref_case = refill_live(self.defn, self.profile, self.seed, 500, case, prev)
+        plain_args = [plain[a.name].view if a.role is Role.OUTPUT and a.name in plain else v
+                      for a, v in zip(self.defn.slot.args, args)]
+        return self._one_call(-1, case, ref_case, plain, plain_args, arg_names, prep_snap, poison=False)
 
     def _finish(self) -> ProfileResult:
         """Every check not failed is recorded as passed if it was made, else skipped with why."""
@@ -302,7 +340,43 @@ def verify_slot(
         report.errors.append("no profile selected (check --dtype/--model/--profile filters)")
     elif all(r.skipped_reason for r in report.results):
         report.errors.append("no profile falls inside any declared domain: the candidate was never exercised")
+    else:
+        report.errors.extend(p for c in cands for p in unexercised_domain(defn, c, report.results, opts))
     return report
+
+
+VERIFIED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _admits(cand: Candidate, field: str, value: str) -> bool:
+    probe = CallDescriptor(**{field: value})
+    return all(p.matches(probe) for p in cand.domain.predicates if p.field == field)
+
+
+def unexercised_domain(defn: SlotDef, cand: Candidate, results: list[ProfileResult], opts: VerifyOptions) -> list[str]:
+    """What ``cand``'s domain admits that no profile run exercised: a pass covers only what ran.
+
+    Every admitted dtype (of float32/bfloat16/float16) must have run, and every model the slot
+    has profiles for that the domain admits (unless ``--model`` chose one explicitly); otherwise
+    live routing would send the candidate calls nobody verified.
+    """
+    ran = [r for r in results if r.kernel == cand.name and not r.skipped_reason]
+    if not ran:
+        return [f"{cand.name}: no profile reached this variant (its domain {cand.domain.describe()} is never exercised)"]
+    problems = []
+    if opts.dtypes is None and opts.profiles is None:
+        missing = [d for d in VERIFIED_DTYPES if _admits(cand, "dtype", d) and d not in {r.dtype for r in ran}]
+        if missing:
+            problems.append(f"{cand.name}: its domain admits dtype {', '.join(missing)} but no profile exercised it; "
+                            f"declare `dtypes` to what was verified ({', '.join(sorted({r.dtype for r in ran}))})")
+    if opts.model is None and opts.profiles is None:
+        models = sorted({p.model for p in defn.profiles} - {r.model for r in ran})
+        missing = [m for m in models if _admits(cand, "model", m)]
+        if missing:
+            problems.append(f"{cand.name}: its domain admits model {', '.join(missing)} but those profiles did not run "
+                            f"(bundle metadata selects {cand.model or 'none'}); add "
+                            f"`model = {{ exact = \"{cand.model or ran[0].model}\" }}` to its domain")
+    return problems
 
 
 def _run_routed(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: int, runner: Runner, opts: VerifyOptions) -> ProfileResult:
