@@ -3,7 +3,9 @@
 Thresholds belong to the slot, never to the bundle. Default elementwise tolerances by the
 *output* dtype (SLOTS.md): float32 1e-5, float16 1e-2, bfloat16 2e-2 (atol = rtol).
 A cell matches when ``|a - e| <= atol + rtol·|e|``; NaN never matches, and matching
-infinities of the same sign do.
+infinities of the same sign do. A NaN in the *reference* marks a don't-care cell (a slot's
+reference uses it where the contract leaves the result open, e.g. a token whose routing is a
+near-tie); it is excluded from every comparator.
 """
 from __future__ import annotations
 
@@ -39,20 +41,33 @@ class Comparator(Protocol):
     def describe(self) -> str: ...
 
 
-def _matched(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+def row_rms(expected: torch.Tensor) -> torch.Tensor:
+    """RMS of each row (last dimension) of the reference, NaN (don't-care) and inf cells ignored."""
+    e = expected.double().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    return e.square().mean(-1, keepdim=True).sqrt() if e.dim() else e.abs()
+
+
+def _matched(actual: torch.Tensor, expected: torch.Tensor, atol: float | torch.Tensor, rtol: float) -> torch.Tensor:
+    """Cells within ``atol + rtol·|e|``; a NaN in the *reference* marks a don't-care cell (matched)."""
     a = actual.double()
     e = expected.double()
     close = (a - e).abs() <= atol + rtol * e.abs()
     same_inf = torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))
-    return (close | same_inf) & ~torch.isnan(a)
+    return ((close | same_inf) & ~torch.isnan(a)) | torch.isnan(e)
 
 
-def _matched_ratio(actual: torch.Tensor, expected: torch.Tensor, atol: float | None, rtol: float | None
-                   ) -> tuple[torch.Tensor, float]:
-    """The per-cell match mask at the given (or the dtype's default) tolerances, and its mean."""
+def _matched_ratio(actual: torch.Tensor, expected: torch.Tensor, atol: float | None, rtol: float | None,
+                   row_scaled_atol: bool = False) -> tuple[torch.Tensor, float]:
+    """The per-cell match mask at the given (or the dtype's default) tolerances, and the matched
+    fraction of the cells the reference cares about (NaN in the reference = don't care)."""
     tol = default_tol(actual.dtype)
-    m = _matched(actual, expected, tol if atol is None else atol, tol if rtol is None else rtol)
-    return m, float(m.double().mean()) if m.numel() else 1.0
+    atol_t: float | torch.Tensor = tol if atol is None else atol
+    if row_scaled_atol:
+        atol_t = atol_t * row_rms(expected).clamp(min=1.0)
+    m = _matched(actual, expected, atol_t, tol if rtol is None else rtol)
+    care = ~torch.isnan(expected)
+    n = int(care.sum())
+    return m, float(m[care].double().mean()) if n else 1.0
 
 
 def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) -> str:
@@ -60,7 +75,7 @@ def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) 
     if bad.numel() == 0:
         return ""
     idx = tuple(bad[0].tolist())
-    err = (actual.double() - expected.double()).abs()
+    err = (actual.double() - expected.double()).abs()[~torch.isnan(expected)]  # don't-care cells excluded
     err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
     return (
         f"{int((~matched).sum())} of {matched.numel()} cells differ; first at {list(idx)}: "
@@ -97,9 +112,10 @@ class MatchedRatio:
     atol: float | None = None
     rtol: float | None = None
     outlier_factor: float = 8.0
+    row_scaled_atol: bool = False  # atol × max(1, rms(expected row)): for outputs far from unit scale
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        m, ratio = _matched_ratio(actual, expected, self.atol, self.rtol)
+        m, ratio = _matched_ratio(actual, expected, self.atol, self.rtol, self.row_scaled_atol)
         gross = self._gross_errors(actual, expected)
         if gross:
             return Verdict(False, "matched_ratio", ratio, self.min_ratio, gross)
@@ -113,10 +129,11 @@ class MatchedRatio:
         atol = tol if self.atol is None else self.atol
         rtol = tol if self.rtol is None else self.rtol
         a, e = actual.double(), expected.double()
-        rms = e.nan_to_num(posinf=0.0, neginf=0.0).square().mean(-1, keepdim=True).sqrt() if e.dim() else e.abs()
+        rms = row_rms(expected)
         bound = self.outlier_factor * (atol + rtol * rms)
         err = (a - e).abs()
-        err = torch.where(torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e)), torch.zeros_like(err), err)
+        ignore = (torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))) | torch.isnan(e)  # don't-care
+        err = torch.where(ignore, torch.zeros_like(err), err)
         bad = ~(err <= bound)  # NaN errors count as gross
         if not bad.any():
             return ""
@@ -125,7 +142,8 @@ class MatchedRatio:
                 f"first at {list(idx)}: got {actual[idx].item():.6g}, expected {expected[idx].item():.6g}")
 
     def describe(self) -> str:
-        return f"matched_ratio >= {self.min_ratio} (no cell off by > {self.outlier_factor:g}x row-scaled tolerance)"
+        scaled = ", atol scaled by row rms" if self.row_scaled_atol else ""
+        return f"matched_ratio >= {self.min_ratio} (no cell off by > {self.outlier_factor:g}x row-scaled tolerance{scaled})"
 
 
 @dataclass(frozen=True)
@@ -140,8 +158,9 @@ class Cosine:
     max_rel_norm_err: float = 0.05
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        a = actual.double().flatten()
-        e = expected.double().flatten()
+        care = ~torch.isnan(expected.flatten())  # NaN in the reference = don't care
+        a = actual.double().flatten()[care]
+        e = expected.double().flatten()[care]
         if not torch.isfinite(a).all():
             return Verdict(False, "cosine", float("nan"), self.min_cos, "output holds NaN or inf")
         na, ne = a.norm(), e.norm()
