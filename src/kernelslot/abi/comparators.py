@@ -232,6 +232,8 @@ class TopKOverlap:
     def _rows_indices(self, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         out = []
         for ra, re in zip(a.tolist(), e.tolist()):
+            if any(v != v for v in re):  # NaN in the reference row: don't care
+                continue
             sa = {v for v in ra if v != -1}
             se = {v for v in re if v != -1}
             out.append(len(sa & se) / max(len(sa), len(se)) if sa or se else 1.0)

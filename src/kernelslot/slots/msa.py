@@ -22,6 +22,7 @@ import math
 import torch
 
 from kernelslot.abi import Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind, TopKOverlap
+from kernelslot.abi.comparators import default_tol
 from kernelslot.kernels import msa as builtin
 from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, randn
 
@@ -201,7 +202,8 @@ def _prefill_reference(case: Case) -> dict[str, torch.Tensor]:
     bk, topk, init, local = inp["block_size_k"], inp["topk"], inp["init_blocks"], inp["local_blocks"]
     hi = inp["q"].shape[1]
     cu, prefix, seq_lens = inp["cu_seqlens"].tolist(), inp["prefix_lens"].tolist(), inp["seq_lens"].tolist()
-    out = torch.full((hi, inp["all_seqblock_q"], topk), -1, dtype=torch.int32)
+    out = torch.full((hi, inp["all_seqblock_q"], topk), -1, dtype=torch.float64)
+    near = default_tol(inp["q"].dtype)  # score rounding an honest kernel in the input dtype may show
     for row, (b, first, end, last_block) in enumerate(_query_blocks(inp)):
         slots = inp["req_to_token"][int(inp["slot_ids"][b]), :seq_lens[b]].long()
         keys = inp["index_k_cache"][slots, 0].double()  # (L, D)
@@ -215,7 +217,14 @@ def _prefill_reference(case: Case) -> dict[str, torch.Tensor]:
         for h in range(hi):
             rest = sorted((j for j in range(n_blocks) if j not in forced), key=lambda j: (-float(block_max[h, j]), j))
             chosen = (forced + rest)[:topk]
-            out[h, row, :len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
+            out[h, row, :len(chosen)] = torch.tensor(chosen, dtype=torch.float64)
+            n_free = topk - len(forced)
+            if 0 < n_free < len(rest):  # last chosen vs first left out: a near (not exact) tie is don't-care
+                a, b = float(block_max[h, rest[n_free - 1]]), float(block_max[h, rest[n_free]])
+                if a != b and abs(a - b) <= near * max(abs(a), abs(b), 1.0):
+                    out[h, row] = float("nan")
+    # Exact ties follow the contract (lower block index first); a row whose selection boundary is a
+    # near-tie within the input dtype's rounding is NaN: every comparator treats it as don't-care.
     return {"out_topk": out}
 
 
