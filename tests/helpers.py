@@ -16,3 +16,17 @@ def cheat_kernel(name: str) -> Kernel:
 def failures(report: SlotReport) -> list:
     """A readable summary of every failed profile, for assertion messages."""
     return [(r.profile, r.dtype, [(c.name, c.message[:200]) for c in r.failures()]) for r in report.results if not r.passed]
+
+
+def prepare_block(layer, path: str):
+    """MoE block params for engine-parity tests. ``prepared``: the slot's prepare (native leaves where
+    they apply); ``torch``: params on a fresh ExpertWeights object (no native layout), so the torch
+    leaves run."""
+    import dataclasses
+
+    from kernelslot.kernels.moe_block import MoeBlockParams, prepare_moe_block
+
+    if path == "torch":
+        fresh = dataclasses.replace(layer, experts=dataclasses.replace(layer.experts))
+        return MoeBlockParams(**{f.name: getattr(fresh, f.name) for f in dataclasses.fields(fresh)})
+    return prepare_moe_block("moe_block", layer)

@@ -6,28 +6,19 @@ top-K on biased logits, softmax over the K (``router_pre_norm=False``); swigluoa
 """
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 
-from kernelslot.kernels.moe_block import MoeBlockConfig, MoeBlockParams, moe_block_tkg, prepare_moe_block
+from kernelslot.kernels.moe_block import MoeBlockConfig, moe_block_tkg
 from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
 from kernelslot.slots.moe_block import MoeBlockLayer
+from tests.helpers import prepare_block
 
 go = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
 from transformers import GptOssConfig  # noqa: E402
 
 H, I, E, K = 64, 32, 8, 4
-
-
-def _prepare(layer: MoeBlockLayer, path: str) -> MoeBlockParams:
-    """``prepared``: the slot's prepare (native leaves where they apply); ``torch``: params on a
-    fresh ExpertWeights object (no native layout attached), so the torch leaves run."""
-    if path == "torch":
-        fresh = dataclasses.replace(layer, experts=dataclasses.replace(layer.experts))
-        return MoeBlockParams(**{f.name: getattr(fresh, f.name) for f in dataclasses.fields(fresh)})
-    return prepare_moe_block("moe_block", layer)
 
 
 @pytest.mark.parametrize("path", ["prepared", "torch"])
@@ -56,7 +47,7 @@ def test_block_matches_gpt_oss_norm_plus_mlp(strategy: str, tokens: int, path: s
     with torch.no_grad():
         want, _ = mlp(norm(x + residual).unsqueeze(0))
     out, out_res = torch.empty(tokens, H), torch.empty(tokens, H)
-    moe_block_tkg(x, residual, _prepare(layer, path), cfg.rms_norm_eps, out, out_res)
+    moe_block_tkg(x, residual, prepare_block(layer, path), cfg.rms_norm_eps, out, out_res)
     torch.testing.assert_close(out_res, x + residual)
     torch.testing.assert_close(out, want.squeeze(0), atol=1e-5, rtol=1e-5)
     assert want.abs().max() > 0.1

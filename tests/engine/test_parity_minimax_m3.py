@@ -6,28 +6,19 @@ The engine side is the decoder layer's MLP half: ``s = x + residual``;
 """
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 
-from kernelslot.kernels.moe_block import MoeBlockConfig, MoeBlockParams, SharedExpert, moe_block_tkg, prepare_moe_block
+from kernelslot.kernels.moe_block import MoeBlockConfig, SharedExpert, moe_block_tkg
 from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
 from kernelslot.slots.moe_block import MoeBlockLayer
+from tests.helpers import prepare_block
 
 mm3 = pytest.importorskip("transformers.models.minimax_m3_vl.modeling_minimax_m3_vl")
 from transformers.models.minimax_m3_vl.configuration_minimax_m3_vl import MiniMaxM3VLTextConfig  # noqa: E402
 
 H, I, E, K = 64, 32, 8, 3
-
-
-def _prepare(layer: MoeBlockLayer, path: str) -> MoeBlockParams:
-    """``prepared``: the slot's prepare (native leaves where they apply); ``torch``: params on a
-    fresh ExpertWeights object (no native layout attached), so the torch leaves run."""
-    if path == "torch":
-        fresh = dataclasses.replace(layer, experts=dataclasses.replace(layer.experts))
-        return MoeBlockParams(**{f.name: getattr(fresh, f.name) for f in dataclasses.fields(fresh)})
-    return prepare_moe_block("moe_block", layer)
 
 
 def _engine(seed: int):
@@ -68,7 +59,7 @@ def test_block_matches_minimax_m3_post_attention_norm_plus_moe(tokens: int, stra
         want = block(norm(s).unsqueeze(0)).squeeze(0)
         logits_want = torch.nn.functional.linear(norm(s), block.gate.weight)
     out, out_res, logits = torch.empty(tokens, H), torch.empty(tokens, H), torch.empty(tokens, E)
-    moe_block_tkg(x, residual, _prepare(_layer(cfg, block, norm, strategy), path), cfg.rms_norm_eps,
+    moe_block_tkg(x, residual, prepare_block(_layer(cfg, block, norm, strategy), path), cfg.rms_norm_eps,
                   out, out_res, logits)
     torch.testing.assert_close(out_res, s)
     torch.testing.assert_close(logits, logits_want, atol=1e-5, rtol=1e-5)

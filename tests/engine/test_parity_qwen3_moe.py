@@ -5,28 +5,19 @@ so the all-expert strategy depends on the keystone index mask to match the engin
 """
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 
-from kernelslot.kernels.moe_block import MoeBlockConfig, MoeBlockParams, moe_block_tkg, prepare_moe_block
+from kernelslot.kernels.moe_block import MoeBlockConfig, moe_block_tkg
 from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
 from kernelslot.slots.moe_block import MoeBlockLayer
+from tests.helpers import prepare_block
 
 qm = pytest.importorskip("transformers.models.qwen3_moe.modeling_qwen3_moe")
 from transformers import Qwen3MoeConfig  # noqa: E402
 
 H, I, E, K = 64, 32, 8, 2
-
-
-def _prepare(layer: MoeBlockLayer, path: str) -> MoeBlockParams:
-    """``prepared``: the slot's prepare (native leaves where they apply); ``torch``: params on a
-    fresh ExpertWeights object (no native layout attached), so the torch leaves run."""
-    if path == "torch":
-        fresh = dataclasses.replace(layer, experts=dataclasses.replace(layer.experts))
-        return MoeBlockParams(**{f.name: getattr(fresh, f.name) for f in dataclasses.fields(fresh)})
-    return prepare_moe_block("moe_block", layer)
 
 
 @pytest.mark.parametrize("path", ["prepared", "torch"])
@@ -53,6 +44,6 @@ def test_block_matches_qwen3_moe_norm_plus_sparse_block(norm_topk_prob: bool, st
     with torch.no_grad():
         want = block(norm(x).unsqueeze(0)).squeeze(0)
     out = torch.empty(tokens, H + 5)[:, :H]
-    moe_block_tkg(x, None, _prepare(layer, path), cfg.rms_norm_eps, out)
+    moe_block_tkg(x, None, prepare_block(layer, path), cfg.rms_norm_eps, out)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     assert want.abs().max() > 0.1
