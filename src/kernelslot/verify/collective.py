@@ -45,7 +45,7 @@ from kernelslot.abi import SlotKind
 from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, dtype_name
 from kernelslot.slots.collective import rank_shares, world_of
 from kernelslot.verify.collective_worker import CallReport, KernelRef, RankJob, recv_obj, send_obj, stuck_where
-from kernelslot.verify.pipeline import VerifyOptions, clone_case, describe, make_case, select_profiles
+from kernelslot.verify.pipeline import VerifyOptions, clone_case, describe, make_case, refilled, select_profiles
 from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, SlotReport
 
 __all__ = ["verify_collective", "kernel_ref", "CollectiveSession", "SessionError", "main"]
@@ -277,21 +277,12 @@ def _step(last: int) -> str:
 def _refreshed(prev: Case, fresh: Case, live: tuple[str, ...], partial: bool) -> Case:
     """``prev`` with every rank's live inputs refreshed from ``fresh`` (a replay's values).
 
-    A ``partial`` refresh (even replays, as in the single-device pipeline) redraws only the
-    trailing half (in memory order) of the floating-point live inputs and keeps the rest, so a
-    result cached by a fingerprint of a few leading cells goes stale.
+    A ``partial`` refresh (even replays) redraws only the trailing half (in memory order) of the
+    floating-point live inputs and keeps the rest (the single-device pipeline's ``tail`` refill),
+    so a result cached by a fingerprint of a few leading cells goes stale.
     """
-    def value(old: Any, new: Any) -> Any:
-        if not partial:
-            return new
-        if not new.dtype.is_floating_point:
-            return old
-        mixed = old.clone().contiguous()
-        half = mixed.numel() // 2
-        mixed.view(-1)[half:] = new.contiguous().view(-1)[half:]
-        return mixed
-
-    shares = [dataclasses.replace(p, inputs={**p.inputs, **{n: value(p.inputs[n], f.inputs[n]) for n in live}})
+    mode = "tail" if partial else "full"
+    shares = [dataclasses.replace(p, inputs={**p.inputs, **{n: refilled(p.inputs[n], f.inputs[n], mode) for n in live}})
               for p, f in zip(rank_shares(prev), rank_shares(fresh))]
     return dataclasses.replace(prev, inputs=shares[0].inputs, meta={**prev.meta, "per_rank": shares})
 

@@ -132,19 +132,23 @@ def refill_live(defn: SlotDef, profile: Profile, seed: int, call: int, case: Cas
     of an input returns stale data on one of them.
     """
     fresh = make_case(defn, profile, seed, call)
-    now = {}
-    for name in case.live_names():
-        old, new = prev.inputs[name], fresh.inputs[name]
-        if mode != "full":
-            if not new.dtype.is_floating_point:
-                continue
-            new = old.clone().contiguous()
-            half = new.numel() // 2
-            region = slice(half, None) if mode == "tail" else slice(0, half)
-            new.view(-1)[region] = fresh.inputs[name].contiguous().view(-1)[region]
-        case.inputs[name].copy_(new)
-        now[name] = new
+    now = {name: refilled(prev.inputs[name], fresh.inputs[name], mode) for name in case.live_names()}
+    for name, value in now.items():
+        case.inputs[name].copy_(value)
     return dataclasses.replace(prev, inputs={**prev.inputs, **now})
+
+
+def refilled(old: torch.Tensor, new: torch.Tensor, mode: str) -> torch.Tensor:
+    """The value a live input takes under refill ``mode`` (see :func:`refill_live`)."""
+    if mode == "full":
+        return new
+    if not new.dtype.is_floating_point:
+        return old
+    mixed = old.clone().contiguous()
+    half = mixed.numel() // 2
+    region = slice(half, None) if mode == "tail" else slice(0, half)
+    mixed.view(-1)[region] = new.contiguous().view(-1)[region]
+    return mixed
 
 
 class _ProfileRun:
