@@ -1,0 +1,227 @@
+"""The sandbox candidate code runs in (docs/threat-model.md): found and started by the referee.
+
+Modes, best first (:func:`current` picks one once per process; ``KERNELSLOT_SANDBOX`` or
+``kernelslot verify --sandbox`` forces one):
+
+``bwrap``
+    bubblewrap (the sandbox Flatpak uses): a read-only view of the whole file system, a private
+    scratch directory mounted as ``/tmp`` (also the working directory and ``$HOME``), a private
+    ``/dev`` and ``/dev/shm``, its own user, PID, IPC, UTS and cgroup namespaces, no network
+    (only a private loopback), no capabilities, ``no_new_privs``, the seccomp filter of
+    :mod:`kernelslot.verify.seccomp`, and it dies with the referee.
+``unshare``
+    util-linux ``unshare``: the same namespaces; the confined process itself then makes every
+    mount read-only except the scratch (``/tmp``) and a private ``/dev/shm``, and loads the
+    seccomp filter (:func:`confine`), before any candidate code runs.
+``none``
+    no namespaces: only the seccomp filter. Said once on stderr; ``--require-sandbox``
+    makes it a bad-input error instead.
+
+API for whoever starts candidate processes: ``current().popen(argv, scratch_dir=...,
+allow_loopback=..., pass_fds=..., env=...)`` starts ``argv`` inside the sandbox, and the child
+calls :func:`confine` (with the mode and the scratch path it was given) before it runs
+candidate code. ``allow_loopback=True`` (collective ranks, whose process group meets on the
+referee's TCP store) keeps the host's network namespace: see docs/threat-model.md.
+
+Tensors reach sandboxed processes as file descriptors passed over their socket (the private
+``/dev/shm`` hides the referee's shared-memory names).
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import glob
+import os
+import shutil
+import subprocess
+import sys
+from typing import Sequence
+
+from kernelslot.verify import seccomp
+
+__all__ = ["Sandbox", "SandboxUnavailable", "MODES", "current", "confine", "neutral_env"]
+
+MODES = ("bwrap", "unshare", "none")
+SCRATCH = "/tmp"  # where the scratch directory appears inside bwrap/unshare sandboxes
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox asked for (``--require-sandbox``, ``--sandbox MODE``) cannot run here."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sandbox:
+    mode: str  # one of MODES
+    tool: str | None  # the launcher's path (bwrap / unshare)
+    note: str = ""  # why this mode: what was missing for the better ones
+
+    @property
+    def isolated(self) -> bool:
+        return self.mode != "none"
+
+    def describe(self) -> str:
+        """One line for report headers and receipts."""
+        what = {"bwrap": "bubblewrap: read-only root, private /tmp scratch, no network, own PID namespace, seccomp",
+                "unshare": "unshare: read-only mounts, private /tmp scratch, no network, own PID namespace, seccomp",
+                "none": "none: seccomp only; candidate code has the referee's file and network access"}[self.mode]
+        return what + (f" ({self.note})" if self.note else "")
+
+    def command(self, argv: Sequence[str], *, scratch_dir: str, allow_loopback: bool = False,
+                seccomp_fd: int | None = None) -> list[str]:
+        """``argv`` wrapped in this sandbox's launcher (``seccomp_fd``: bwrap reads the filter from it)."""
+        net = [] if allow_loopback else None
+        if self.mode == "bwrap":
+            cmd = [self.tool, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm",
+                   "--bind", scratch_dir, SCRATCH, "--chdir", SCRATCH,
+                   "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                   *(["--unshare-net"] if net is None else []),
+                   "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "localhost"]
+            for dev in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri")):
+                cmd += ["--dev-bind", dev, dev]  # the GPU stays usable (it is not isolated: see the threat model)
+            if seccomp_fd is not None:
+                cmd += ["--seccomp", str(seccomp_fd)]
+            return [*cmd, "--", *argv]
+        if self.mode == "unshare":
+            return [self.tool, "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
+                    "--ipc", "--uts", *(["--net"] if net is None else []), "--", *argv]
+        return list(argv)
+
+    def popen(self, argv: Sequence[str], *, scratch_dir: str, allow_loopback: bool = False, pass_fds: Sequence[int] = (),
+              env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+        """Start ``argv`` in the sandbox (cwd: the scratch directory; ``env`` defaults to :func:`neutral_env`)."""
+        seccomp_fd = None
+        if self.mode == "bwrap" and (prog := seccomp.program()) is not None:
+            seccomp_fd = os.memfd_create("filter", 0)  # a fresh description per launch: bwrap reads it to EOF
+            os.write(seccomp_fd, prog)
+            os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        try:
+            cmd = self.command(argv, scratch_dir=scratch_dir, allow_loopback=allow_loopback, seccomp_fd=seccomp_fd)
+            fds = (*pass_fds, *([seccomp_fd] if seccomp_fd is not None else []))
+            return subprocess.Popen(cmd, pass_fds=fds, cwd=scratch_dir, env=env if env is not None else neutral_env(self, scratch_dir),
+                                    **kwargs)
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+
+    def home(self, scratch_dir: str) -> str:
+        """The scratch directory as the sandboxed process sees it."""
+        return SCRATCH if self.isolated else scratch_dir
+
+
+def neutral_env(box: Sandbox, scratch_dir: str) -> dict[str, str]:
+    """An environment that says nothing about the referee: PATH, locale, and the scratch as HOME/TMPDIR."""
+    home = box.home(scratch_dir)
+    env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "HOME": home, "TMPDIR": home,
+           "LANG": os.environ.get("LANG", "C.UTF-8")}
+    for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CC", "LD_LIBRARY_PATH"):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def _works(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _probe(mode: str) -> tuple[Sandbox | None, str]:
+    tool = shutil.which("bwrap" if mode == "bwrap" else "unshare") if mode != "none" else None
+    if mode == "none":
+        return Sandbox("none", None), ""
+    if tool is None:
+        return None, f"{'bwrap' if mode == 'bwrap' else 'unshare'} is not installed"
+    box = Sandbox(mode, tool)
+    scratch = os.path.realpath(os.environ.get("TMPDIR", "/tmp"))
+    if not _works(box.command(["true"], scratch_dir=scratch)):
+        return None, f"{tool} cannot create namespaces here (unprivileged user namespaces disabled?)"
+    return box, ""
+
+
+@functools.lru_cache(maxsize=None)
+def select(mode: str = "auto") -> Sandbox:
+    """The sandbox for ``mode`` (``auto``: the best that works here); raises SandboxUnavailable."""
+    if mode not in ("auto", *MODES):
+        raise SandboxUnavailable(f"unknown sandbox mode {mode!r}; choose one of auto, {', '.join(MODES)}")
+    if mode != "auto":
+        box, why = _probe(mode)
+        if box is None:
+            raise SandboxUnavailable(f"sandbox {mode!r} is not available: {why}")
+        return box
+    missing = []
+    for candidate in ("bwrap", "unshare"):
+        box, why = _probe(candidate)
+        if box is not None:
+            return dataclasses.replace(box, note="; ".join(missing))
+        missing.append(why)
+    return Sandbox("none", None, "; ".join(missing))
+
+
+_warned = False
+
+
+def current(mode: str | None = None, *, require: bool = False) -> Sandbox:
+    """The sandbox in force (``mode`` or ``$KERNELSLOT_SANDBOX`` or ``auto``); says once when there is none.
+
+    ``require``: no sandbox is an error (:class:`SandboxUnavailable`) instead of a warning.
+    """
+    global _warned
+    box = select(mode or os.environ.get("KERNELSLOT_SANDBOX") or "auto")
+    if not box.isolated:
+        if require:
+            raise SandboxUnavailable(f"no sandbox is available ({box.note or 'disabled'}); install bubblewrap "
+                                     "(apt-get install bubblewrap) or allow unprivileged user namespaces")
+        if not _warned:
+            _warned = True
+            print(f"kernelslot: warning: candidate code runs WITHOUT a sandbox ({box.note or 'sandbox none was chosen'}); "
+                  "it can read and write your files and reach the network. Install bubblewrap "
+                  "(apt-get install bubblewrap); --require-sandbox refuses to run without one.", file=sys.stderr)
+    return box
+
+
+# -- inside the sandboxed process ---------------------------------------------------------------
+_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND, _MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME, _MS_STRICTATIME = 1024, 2048, 1 << 21, 1 << 24
+_LOCKED = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
+           "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME, "strictatime": _MS_STRICTATIME}
+
+
+def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | None, flags: int) -> None:
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    if libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), None) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
+
+
+def _unescape(path: str) -> str:
+    return path.encode().decode("unicode_escape") if "\\" in path else path
+
+
+def _lock_filesystem(scratch_dir: str) -> None:
+    """unshare mode: scratch on /tmp, a private /dev/shm, every other mount read-only."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    _mount(libc, "tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV)
+    _mount(libc, scratch_dir, SCRATCH, None, _MS_BIND | _MS_REC)
+    with open("/proc/self/mountinfo") as f:
+        mounts = [(_unescape(line.split()[4]), line.split()[5].split(",")) for line in f]
+    for target, opts in mounts:
+        if target in (SCRATCH, "/dev/shm") or target.startswith(("/proc", SCRATCH + "/")):
+            continue
+        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | sum(_LOCKED.get(o, 0) for o in opts)
+        try:
+            _mount(libc, None, target, None, flags)
+        except OSError:
+            if not target.startswith(("/sys", "/dev")):
+                raise
+    os.chdir(SCRATCH)
+
+
+def confine(mode: str, scratch_dir: str) -> None:
+    """Called first thing in a sandboxed process, before candidate code: finish what its launcher could not."""
+    if mode == "unshare":
+        _lock_filesystem(scratch_dir)
+    if mode != "bwrap":  # bubblewrap loaded the filter before exec
+        seccomp.install()
