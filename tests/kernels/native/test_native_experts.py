@@ -192,6 +192,71 @@ def test_threads_give_identical_bits_and_many_tokens_per_expert():
     _run_and_compare("nvfp4", "swigluoai", 20, BEST_ISA, quant=True, seed=3)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bits_identical_for_any_thread_count(fmt, isa):
+    """Every kernel path (fused decode for few tokens, decode-once-and-reuse for many, token
+    chunks) gives the same bits whatever the thread count: threads only partition rows."""
+    gen = torch.Generator().manual_seed(11)
+    w, *_ = _make_experts(fmt, gen, True)
+    prep = prepare_native_experts(w)
+    T = 24
+    x = torch.randn(T, H, generator=gen)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)])
+    ids[:9, 0] = 2                      # expert 2 gets >= 9 tokens: the reuse path
+    ids[:9, 1] = torch.where(ids[:9, 1] == 2, 0, ids[:9, 1])
+    ids[:9, 2] = torch.where(ids[:9, 2] == 2, 1, ids[:9, 2])
+    ids[9:, :] = torch.where(ids[9:, :] == 2, -1, ids[9:, :])
+    wts = torch.rand(T, K, generator=gen)
+    for quant in (False, True):
+        outs = []
+        for nth in (1, 2, 3, 5):
+            out = torch.zeros(T, H)
+            expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, quant, out, num_threads=nth, isa=isa)
+            outs.append(out)
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), (fmt, isa, quant)
+
+
+def test_repeated_ids_beyond_one_group():
+    """An id repeated within rows can give one expert more pairs than one kernel group holds."""
+    gen = torch.Generator().manual_seed(12)
+    w, gu, dn = _make_experts("mxfp4", gen, True)
+    prep = prepare_native_experts(w)
+    T = 40
+    x = torch.randn(T, H, generator=gen)
+    ids = torch.full((T, K), 3)
+    wts = torch.rand(T, K, generator=gen)
+    out = torch.zeros(T, H)
+    expert_mlp_native(x, ids, wts, prep, ACTS["silu"], True, False, out)
+    ref = _reference(x, ids, wts, w, gu, dn, ACTS["silu"], True, False)
+    assert ((out.double() - ref).abs() <= 2e-5 * ref.abs().max() + 1e-5 * ref.abs()).all()
+
+
+def test_concurrent_callers_share_the_pool_safely():
+    import threading
+    gen = torch.Generator().manual_seed(13)
+    w, *_ = _make_experts("nvfp4", gen, True)
+    prep = prepare_native_experts(w)
+    x = torch.randn(6, H, generator=gen)
+    ids, wts = _routing(6, gen)
+    want = torch.zeros(6, H)
+    expert_mlp_native(x, ids, wts, prep, ACTS["silu"], True, False, want, num_threads=2)
+    bad = []
+
+    def worker():
+        for _ in range(20):
+            out = torch.zeros(6, H)
+            expert_mlp_native(x, ids, wts, prep, ACTS["silu"], True, False, out, num_threads=2)
+            if not torch.equal(out, want):
+                bad.append(1)
+    threads = [threading.Thread(target=worker) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+
+
 def test_all_ids_dropped_leaves_out_unchanged():
     gen = torch.Generator().manual_seed(4)
     w, *_ = _make_experts("bf16", gen, True)

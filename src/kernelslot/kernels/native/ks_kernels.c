@@ -10,6 +10,7 @@
  * (row, token) at the end of the tile.
  */
 #include "ks_native.h"
+#include <stdlib.h>
 #include <string.h>
 
 #if KS_ISA >= 2
@@ -24,6 +25,7 @@
 typedef __m512 vf;
 typedef struct { vf a, b; } kctx;
 static inline vf vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm512_storeu_ps(p, v); }
 static inline vf vzero(void) { return _mm512_setzero_ps(); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
@@ -38,6 +40,7 @@ static inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
 typedef __m256 vf;
 typedef struct { vf a, b; } kctx;
 static inline vf vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float *p, vf v) { _mm256_storeu_ps(p, v); }
 static inline vf vzero(void) { return _mm256_setzero_ps(); }
 static inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 static inline vf vmul(vf a, vf b) { return _mm256_mul_ps(a, b); }
@@ -56,6 +59,7 @@ static inline float vsum(vf a) {
 typedef float vf;
 typedef struct { float a, b; } kctx; /* scale(s) of the block; tables looked up per element */
 static inline vf vload(const float *p) { return *p; }
+static inline void vstore(float *p, vf v) { *p = v; }
 static inline vf vzero(void) { return 0.0f; }
 static inline vf vfma(vf a, vf b, vf c) { return a * b + c; }
 static inline vf vmul(vf a, vf b) { return a * b; }
@@ -176,20 +180,19 @@ INLINE vf dequant(int fmt, const uint8_t *d, int j, kctx c) {
 /* res[r*nt + t] = <row r of the tile, xs[t]> over nkb blocks, for nt <= NT_MAX tokens. */
 INLINE void tile_dot(const int fmt, const int nt, const uint8_t *tile, int nkb,
                      const float *const *xs, float *res) {
-    const int DB = data_bytes(fmt), SB = scale_bytes(fmt);
-    const uint8_t *data = tile, *scales = tile + (int64_t)nkb * R * DB;
+    const int DB = data_bytes(fmt), SB = scale_bytes(fmt), BS = R * (DB + SB);
     vf acc[R][NT_MAX];
 #pragma GCC unroll 4
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
         for (int t = 0; t < nt; ++t) acc[r][t] = vzero();
     for (int kb = 0; kb < nkb; ++kb) {
-        const uint8_t *blk = data + (int64_t)kb * R * DB;
+        const uint8_t *blk = tile + (int64_t)kb * BS;
 #pragma GCC unroll 8
-        for (int off = 0; off < R * DB; off += 64) PREFETCH(blk + KS_PREFETCH + off);
+        for (int off = 0; off < BS; off += 64) PREFETCH(blk + KS_PREFETCH + off);
         kctx c[R];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) c[r] = make_ctx(fmt, scales + (kb * R + r) * SB);
+        for (int r = 0; r < R; ++r) c[r] = make_ctx(fmt, blk + R * DB + r * SB);
 #pragma GCC unroll 32
         for (int j = 0; j < NV; ++j) {
             vf w[R];
@@ -244,7 +247,6 @@ static inline __m512i bf16_base_table(void) {
 }
 
 INLINE void tile_dot_mxfp4_bf16(const int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
-    const uint8_t *data = tile, *scales = tile + (int64_t)nkb * R * 16;
     const __m512i base = bf16_base_table(), lo4 = _mm512_set1_epi16(0x0F);
     const __m512i sel = _mm512_maskz_set1_epi16(0xFFFF0000u, 0x10);
     const __mmask32 nonzero = ~0x01010101u;   /* entries 0 and 8 of each half are +-0 */
@@ -254,7 +256,7 @@ INLINE void tile_dot_mxfp4_bf16(const int nt, const uint8_t *tile, int nkb, cons
 #pragma GCC unroll 8
         for (int t = 0; t < nt; ++t) acc[q][t] = _mm512_setzero_ps();
     for (int kb = 0; kb < nkb; ++kb) {
-        const uint8_t *blk = data + (int64_t)kb * R * 16, *sc = scales + kb * R;
+        const uint8_t *blk = tile + (int64_t)kb * R * 17, *sc = blk + R * 16;
         PREFETCH(blk + KS_PREFETCH);
 #pragma GCC unroll 2
         for (int q = 0; q < 2; ++q) {
@@ -291,7 +293,6 @@ INLINE void tile_dot_mxfp4_bf16(const int nt, const uint8_t *tile, int nkb, cons
 /* The same product for 1-2 tokens, cheaper per weight: an unscaled table (no per-block table
  * build) and each block's partial sum scaled into the accumulator by one FMA per token. */
 INLINE void tile_dot_mxfp4_bf16_few(const int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
-    const uint8_t *data = tile, *scales = tile + (int64_t)nkb * R * 16;
     const __m512i tab = bf16_base_table(), lo4 = _mm512_set1_epi16(0x0F);
     __m512 acc[2][2];
 #pragma GCC unroll 2
@@ -299,7 +300,7 @@ INLINE void tile_dot_mxfp4_bf16_few(const int nt, const uint8_t *tile, int nkb, 
 #pragma GCC unroll 2
         for (int t = 0; t < nt; ++t) acc[q][t] = _mm512_setzero_ps();
     for (int kb = 0; kb < nkb; ++kb) {
-        const uint8_t *blk = data + (int64_t)kb * R * 16, *sc = scales + kb * R;
+        const uint8_t *blk = tile + (int64_t)kb * R * 17, *sc = blk + R * 16;
         PREFETCH(blk + KS_PREFETCH);
 #pragma GCC unroll 2
         for (int q = 0; q < 2; ++q) {
@@ -337,8 +338,123 @@ static void tile_dot_bf16_any(int nt, const uint8_t *tile, int nkb, const uint16
 }
 #endif
 
-/* Balanced token chunks of at most NT_MAX: chunk k of n tokens covers [lo, hi). */
-static inline int num_chunks(int n) { return (n + NT_MAX - 1) / NT_MAX; }
+/* A thread's scratch for decoded tiles (grown on demand, kept for the thread's lifetime). */
+static __thread float *tl_buf;
+static __thread size_t tl_cap;
+
+static float *scratch(size_t n) {
+    if (n > tl_cap) {
+        free(tl_buf);
+        tl_buf = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        tl_cap = tl_buf ? n : 0;
+    }
+    return tl_buf;
+}
+
+/* Dequantise a whole tile into buf[r * K + k] (K = nkb * 32), exactly, scales applied. */
+static void decode_rows(int fmt, const uint8_t *tile, int nkb, float *buf) {
+    const int DB = data_bytes(fmt), SB = scale_bytes(fmt), BS = R * (DB + SB), K = nkb * KS_KBLOCK;
+    for (int kb = 0; kb < nkb; ++kb) {
+        const uint8_t *blk = tile + (int64_t)kb * BS;
+        for (int off = 0; off < BS; off += 64) PREFETCH(blk + KS_PREFETCH + off);
+        for (int r = 0; r < R; ++r) {
+            const kctx c = make_ctx(fmt, blk + R * DB + r * SB);
+            for (int j = 0; j < NV; ++j) vstore(buf + (int64_t)r * K + kb * KS_KBLOCK + j * VL, dequant(fmt, blk + r * DB, j, c));
+        }
+    }
+}
+
+/* res[r * nt + t] = <row r of a decoded tile, xs[t]> for nt <= NT_MAX tokens. */
+INLINE void rows_dot(const int nt, const float *buf, int K, const float *const *xs, float *res) {
+    vf acc[R][NT_MAX];
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < nt; ++t) acc[r][t] = vzero();
+    for (int k = 0; k < K; k += VL) {
+        vf w[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) w[r] = vload(buf + (int64_t)r * K + k);
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; ++t) {
+            const vf x = vload(xs[t] + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; ++r) acc[r][t] = vfma(w[r], x, acc[r][t]);
+        }
+    }
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < nt; ++t) res[r * nt + t] = vsum(acc[r][t]);
+}
+
+static void rows_dot_any(int nt, const float *buf, int K, const float *const *xs, float *res) {
+    switch (nt) {
+    case 1: rows_dot(1, buf, K, xs, res); break;
+    case 2: rows_dot(2, buf, K, xs, res); break;
+#if NT_MAX >= 4
+    case 3: rows_dot(3, buf, K, xs, res); break;
+    case 4: rows_dot(4, buf, K, xs, res); break;
+#endif
+#if NT_MAX >= 5
+    case 5: rows_dot(5, buf, K, xs, res); break;
+#endif
+    }
+}
+
+/* The activations of one group's n pairs in every layout a kernel may read. */
+typedef struct { const float *x[KS_GROUP_MAX]; const float *xd[KS_GROUP_MAX]; const uint16_t *xb[KS_GROUP_MAX]; } group_x;
+
+/* out[r * n + i] = <row r of tile tp, activations of pair i> for all n (<= KS_GROUP_MAX) pairs of a group:
+ * n small -> decode fused with the dot; else the tile is decoded once and reused by every
+ * chunk of tokens.  Every path multiplies the same exact weights; only fp32 summation order
+ * differs between paths (never with the thread count). */
+static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, int n, float *out) {
+    const int K = nkb * KS_KBLOCK;
+    float res[R * 8];
+#define SCATTER(lo, nt) for (int r = 0; r < R; ++r) for (int t = 0; t < (nt); ++t) out[r * n + (lo) + t] = res[r * (nt) + t]
+#if KS_ISA == 3
+    if (gx->xb[0]) {
+        for (int lo = 0; lo < n; lo += NT_MAX) {
+            const int nt = n - lo < NT_MAX ? n - lo : NT_MAX;
+            tile_dot_bf16_any(nt, tp, nkb, gx->xb + lo, res);
+            SCATTER(lo, nt);
+        }
+        return;
+    }
+#endif
+#if KS_ISA == 1
+    if (gx->xd[0]) {
+        const int nv = fmt == KS_NVFP4, bs = ks_block_bytes(fmt);
+        if (n <= 2) {
+            ks_fp4_tile_fused_avx2(nv, n, tp, nkb, bs, gx->xd, res);
+            SCATTER(0, n);
+            return;
+        }
+        float *buf = scratch((size_t)R * K);
+        if (buf) {
+            ks_fp4_tile_decode_avx2(nv, tp, nkb, bs, buf);
+            for (int lo = 0; lo < n; lo += 6) {
+                const int nt = n - lo < 6 ? n - lo : 6;
+                ks_pair_dot_avx2(nt, buf, nkb, gx->xd + lo, res);
+                SCATTER(lo, nt);
+            }
+            return;
+        }
+        for (int lo = 0; lo < n; lo += 2) { /* no memory for the scratch: fused, 2 at a time */
+            const int nt = n - lo < 2 ? n - lo : 2;
+            ks_fp4_tile_fused_avx2(nv, nt, tp, nkb, bs, gx->xd + lo, res);
+            SCATTER(lo, nt);
+        }
+        return;
+    }
+#endif
+    float *buf = n > NT_MAX ? scratch((size_t)R * K) : NULL;
+    if (buf) decode_rows(fmt, tp, nkb, buf);
+    for (int lo = 0; lo < n; lo += NT_MAX) {
+        const int nt = n - lo < NT_MAX ? n - lo : NT_MAX;
+        if (buf) rows_dot_any(nt, buf, K, gx->x + lo, res);
+        else tile_dot_any(fmt, nt, tp, nkb, gx->x + lo, res);
+        SCATTER(lo, nt);
+    }
+#undef SCATTER
+}
 
 void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
     const ks_experts *ex = c->ex;
@@ -346,49 +462,41 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
     const int nblk = I / KS_KBLOCK;   /* split on 32-element boundaries of I */
     const int t0 = (int)((int64_t)nblk * tid / nth) * (KS_KBLOCK / 2);
     const int t1 = (int)((int64_t)nblk * (tid + 1) / nth) * (KS_KBLOCK / 2);
-    const float *xs[NT_MAX];
-    float res[R * NT_MAX];
+    group_x gx;
+    float res[R * KS_GROUP_MAX];
     for (int g = 0; g < c->num_groups; ++g) {
         const ks_group *gr = &c->groups[g];
-        const int e = gr->expert;
+        const int e = gr->expert, n = gr->count;
         const uint8_t *base = ex->gate_up + (int64_t)e * (I / 2) * ex->gu_tile_stride;
         const float *rs = ex->gu_row_scale ? ex->gu_row_scale + (int64_t)e * 2 * I : NULL;
         const float *bias = ex->gu_bias ? ex->gu_bias + (int64_t)e * 2 * I : NULL;
         const float outer = ex->gu_outer ? ex->gu_outer[e] : 1.0f;
-        const int nch = num_chunks(gr->count);
+        for (int t = 0; t < n; ++t) {
+            const int64_t tok = c->pair_token[gr->first + t];
+            gx.x[t] = c->x + tok * H;
+            gx.xd[t] = c->xd ? c->xd + tok * 2 * H : NULL;
+            gx.xb[t] = c->xb ? c->xb + tok * 2 * H : NULL;
+        }
         for (int tile = t0; tile < t1; ++tile) {
-            const uint8_t *tp = base + (int64_t)tile * ex->gu_tile_stride;
-            for (int ch = 0; ch < nch; ++ch) {
-                const int lo = gr->count * ch / nch, hi = gr->count * (ch + 1) / nch, nt = hi - lo;
-#if KS_ISA == 3
-                if (c->xb) {
-                    const uint16_t *xb[NT_MAX];
-                    for (int t = 0; t < nt; ++t) xb[t] = c->xb + (int64_t)c->pair_token[gr->first + lo + t] * 2 * H;
-                    tile_dot_bf16_any(nt, tp, nkb, xb, res);
-                } else
-#endif
-                {
-                    for (int t = 0; t < nt; ++t) xs[t] = c->x + (int64_t)c->pair_token[gr->first + lo + t] * H;
-                    tile_dot_any(ex->format, nt, tp, nkb, xs, res);
-                }
-                for (int p = 0; p < 2; ++p) {
-                    const int i = 2 * tile + p;
-                    float sg = outer, su = outer;
-                    if (rs) { sg *= rs[i]; su *= rs[I + i]; }
-                    for (int t = 0; t < nt; ++t) {
-                        float gv = res[(2 * p) * nt + t] * sg, uv = res[(2 * p + 1) * nt + t] * su;
-                        if (bias) { gv += bias[i]; uv += bias[I + i]; }
-                        c->inter[(int64_t)(gr->first + lo + t) * I + i] = ks_apply_act(c->act, gv, uv);
-                    }
+            group_tile(ex->format, base + (int64_t)tile * ex->gu_tile_stride, nkb, &gx, n, res);
+            for (int p = 0; p < 2; ++p) {
+                const int i = 2 * tile + p;
+                float sg = outer, su = outer;
+                if (rs) { sg *= rs[i]; su *= rs[I + i]; }
+                for (int t = 0; t < n; ++t) {
+                    float gv = res[(2 * p) * n + t] * sg, uv = res[(2 * p + 1) * n + t] * su;
+                    if (bias) { gv += bias[i]; uv += bias[I + i]; }
+                    c->inter[(int64_t)(gr->first + t) * I + i] = ks_apply_act(c->act, gv, uv);
                 }
             }
         }
-        if (c->quantize_inter && t1 > t0)
-            for (int t = 0; t < gr->count; ++t) {
-                float *row = c->inter + (int64_t)(gr->first + t) * I + 2 * t0;
-                ks_mxfp8_qdq(row, row, 2 * (int64_t)(t1 - t0));
-                if (c->inter_b)
-                    ks_to_bf16_dup(row, c->inter_b + (int64_t)(gr->first + t) * 2 * I + 4 * t0, 2 * (int64_t)(t1 - t0));
+        if (t1 > t0)
+            for (int t = 0; t < n; ++t) {
+                const int64_t pi = gr->first + t, len = 2 * (int64_t)(t1 - t0);
+                float *row = c->inter + pi * I + 2 * t0;
+                if (c->quantize_inter) ks_mxfp8_qdq(row, row, len);
+                if (c->inter_b) ks_to_bf16_dup(row, c->inter_b + pi * 2 * I + 4 * t0, len);
+                if (c->inter_d) ks_to_fp4pair(row, c->inter_d + pi * 2 * I + 4 * t0, len);
             }
     }
 }
@@ -397,40 +505,31 @@ void SUFFIX(ks_down)(const ks_call *c, int tid, int nth) {
     const ks_experts *ex = c->ex;
     const int H = ex->hidden, I = ex->inter, nkb = I / KS_KBLOCK, ntiles = H / R;
     const int t0 = (int)((int64_t)ntiles * tid / nth), t1 = (int)((int64_t)ntiles * (tid + 1) / nth);
-    const float *xs[NT_MAX];
-    float res[R * NT_MAX];
+    group_x gx;
+    float res[R * KS_GROUP_MAX];
     for (int g = 0; g < c->num_groups; ++g) {
         const ks_group *gr = &c->groups[g];
-        const int e = gr->expert;
+        const int e = gr->expert, n = gr->count;
         const uint8_t *base = ex->down + (int64_t)e * ntiles * ex->dn_tile_stride;
         const float *rs = ex->dn_row_scale ? ex->dn_row_scale + (int64_t)e * H : NULL;
         const float *bias = ex->dn_bias ? ex->dn_bias + (int64_t)e * H : NULL;
         const float outer = ex->dn_outer ? ex->dn_outer[e] : 1.0f;
-        const int nch = num_chunks(gr->count);
+        for (int t = 0; t < n; ++t) {
+            const int64_t pi = gr->first + t;
+            gx.x[t] = c->inter + pi * I;
+            gx.xd[t] = c->inter_d ? c->inter_d + pi * 2 * I : NULL;
+            gx.xb[t] = c->inter_b ? c->inter_b + pi * 2 * I : NULL;
+        }
         for (int tile = t0; tile < t1; ++tile) {
-            const uint8_t *tp = base + (int64_t)tile * ex->dn_tile_stride;
-            for (int ch = 0; ch < nch; ++ch) {
-                const int lo = gr->count * ch / nch, hi = gr->count * (ch + 1) / nch, nt = hi - lo;
-#if KS_ISA == 3
-                if (c->inter_b) {
-                    const uint16_t *xb[NT_MAX];
-                    for (int t = 0; t < nt; ++t) xb[t] = c->inter_b + (int64_t)(gr->first + lo + t) * 2 * I;
-                    tile_dot_bf16_any(nt, tp, nkb, xb, res);
-                } else
-#endif
-                {
-                    for (int t = 0; t < nt; ++t) xs[t] = c->inter + (int64_t)(gr->first + lo + t) * I;
-                    tile_dot_any(ex->format, nt, tp, nkb, xs, res);
-                }
-                for (int r = 0; r < R; ++r) {
-                    const int h = R * tile + r;
-                    const float s = rs ? outer * rs[h] : outer;
-                    for (int t = 0; t < nt; ++t) {
-                        const int pi = gr->first + lo + t;
-                        float v = res[r * nt + t] * s;
-                        if (bias) v += bias[h];
-                        c->out[(int64_t)c->pair_token[pi] * H + h] += v * c->pair_weight[pi];
-                    }
+            group_tile(ex->format, base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);
+            for (int r = 0; r < R; ++r) {
+                const int h = R * tile + r;
+                const float s = rs ? outer * rs[h] : outer;
+                for (int t = 0; t < n; ++t) {
+                    const int pi = gr->first + t;
+                    float v = res[r * n + t] * s;
+                    if (bias) v += bias[h];
+                    c->out[(int64_t)c->pair_token[pi] * H + h] += v * c->pair_weight[pi];
                 }
             }
         }

@@ -12,6 +12,7 @@
 float ks_e4m3_lut[256];
 float ks_e8m0_lut[256];
 float ks_e8m0_p120_lut[256];
+uint8_t ks_fp4_bf16[2][256][32];
 const float ks_e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
@@ -36,6 +37,13 @@ __attribute__((constructor)) static void ks_init_tables(void) {
         ks_e8m0_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 127);
         ks_e8m0_p120_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 7);
     }
+    for (int kind = 0; kind < 2; ++kind)
+        for (int b = 0; b < 256; ++b)
+            for (int c = 0; c < 16; ++c) { /* exact: the low 16 bits of the fp32 product are 0 */
+                const uint32_t v = bits_from_f32(ks_e2m1_values[c] * (kind ? ks_e4m3_lut[b] : ks_e8m0_lut[b])) >> 16;
+                ks_fp4_bf16[kind][b][c] = (uint8_t)(v & 0xFF);
+                ks_fp4_bf16[kind][b][16 + c] = (uint8_t)(v >> 8);
+            }
 }
 
 float ks_apply_act(const ks_act *a, float g, float u) {
@@ -118,6 +126,11 @@ void ks_to_bf16_dup(const float *x, uint16_t *y, int64_t n) {
             }
 }
 
+void ks_to_fp4pair(const float *x, float *y, int64_t n) {
+    for (int64_t g = 0; g < n; g += 8, x += 8, y += 16)
+        for (int i = 0; i < 4; ++i) y[i] = y[4 + i] = x[2 * i], y[8 + i] = y[12 + i] = x[2 * i + 1];
+}
+
 /* Test hook: (rows, cols) fp32 -> E4M3 codes (rows, cols) and E8M0 scales (rows, cols/32). */
 int ks_mxfp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *codes, uint8_t *scales) {
     if (cols % 32) return -1;
@@ -180,83 +193,20 @@ static void run_task(ks_task *k) {
     if (k->fn) { k->fn(k->call, k->tid, k->nth); return; }
     const int64_t H = k->call->ex->hidden, T = k->call->T;
     const int64_t lo = T * k->tid / k->nth, hi = T * (k->tid + 1) / k->nth;
-    ks_mxfp8_qdq(k->h + lo * H, k->xq + lo * H, (hi - lo) * H);
-    if (k->call->xb) ks_to_bf16_dup(k->xq + lo * H, (uint16_t *)k->call->xb + lo * 2 * H, (hi - lo) * H);
+    if (k->xq) ks_mxfp8_qdq(k->h + lo * H, k->xq + lo * H, (hi - lo) * H);
+    const float *x = k->xq ? k->xq : k->h;
+    if (k->call->xb) ks_to_bf16_dup(x + lo * H, (uint16_t *)k->call->xb + lo * 2 * H, (hi - lo) * H);
+    if (k->call->xd) ks_to_fp4pair(x + lo * H, (float *)k->call->xd + lo * 2 * H, (hi - lo) * H);
 }
 
-/* A persistent pool: workers sleep on a condition variable between phases; one call at a time
- * (pool.call_lock).  Worker i runs slice i of the posted phase when i < nth.  Threads that
- * cannot be created leave their slices to the caller. */
-static struct {
-    pthread_mutex_t call_lock, mu;
-    pthread_cond_t wake, done;
-    int workers;              /* created workers, tids 1..workers */
-    unsigned long gen;        /* phase generation */
-    int pending;              /* workers still running the current phase */
-    ks_task proto;
-    int nth;
-    unsigned long start_gen[64]; /* generation each worker was created at */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 0, 0, {0}, 0, {0}};
-
-static void *pool_worker(void *arg) {
-    const int tid = (int)(intptr_t)arg;
-    pthread_mutex_lock(&pool.mu);
-    unsigned long seen = pool.start_gen[tid];
-    for (;;) {
-        while (pool.gen == seen) pthread_cond_wait(&pool.wake, &pool.mu);
-        seen = pool.gen;
-        if (tid >= pool.nth) continue;
-        ks_task k = pool.proto;
-        k.tid = tid; k.nth = pool.nth;
-        pthread_mutex_unlock(&pool.mu);
-        run_task(&k);
-        pthread_mutex_lock(&pool.mu);
-        if (--pool.pending == 0) pthread_cond_signal(&pool.done);
-    }
-    return NULL;
+static void task_main(void *arg, int tid, int nth) {
+    ks_task k = *(const ks_task *)arg;
+    k.tid = tid; k.nth = nth;
+    run_task(&k);
 }
 
-static void pool_after_fork_child(void) { /* the workers do not exist in a forked child */
-    pthread_mutex_init(&pool.call_lock, NULL);
-    pthread_mutex_init(&pool.mu, NULL);
-    pthread_cond_init(&pool.wake, NULL);
-    pthread_cond_init(&pool.done, NULL);
-    pool.workers = 0;
-}
-
-__attribute__((constructor)) static void pool_init(void) {
-    pthread_atfork(NULL, NULL, pool_after_fork_child);
-}
-
-/* Run one phase on nth threads (caller = tid 0); returns when every slice is done. */
-static void run_phase(ks_task proto, int nth) {
-    if (nth <= 1) { proto.tid = 0; proto.nth = 1; run_task(&proto); return; }
-    pthread_mutex_lock(&pool.mu);
-    while (pool.workers < nth - 1) {
-        pthread_t th;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pool.start_gen[pool.workers + 1] = pool.gen;
-        const int ok = pthread_create(&th, &attr, pool_worker, (void *)(intptr_t)(pool.workers + 1)) == 0;
-        pthread_attr_destroy(&attr);
-        if (!ok) break;
-        pool.workers++;
-    }
-    const int helpers = pool.workers < nth - 1 ? pool.workers : nth - 1;
-    pool.proto = proto;
-    pool.nth = nth;
-    pool.pending = helpers;
-    pool.gen++;
-    pthread_cond_broadcast(&pool.wake);
-    pthread_mutex_unlock(&pool.mu);
-    for (int t = 0; t < nth; ++t)
-        if (t == 0 || t > helpers) { ks_task k = proto; k.tid = t; k.nth = nth; run_task(&k); }
-    pthread_mutex_lock(&pool.mu);
-    while (pool.pending > 0) pthread_cond_wait(&pool.done, &pool.mu);
-    pthread_mutex_unlock(&pool.mu);
-}
+/* Run one phase on nth threads of the pool (ks_pool.c); returns when every slice is done. */
+static void run_phase(ks_task proto, int nth) { ks_pool_run(task_main, &proto, nth); }
 
 /* ---------------------------------------------------------------- entry points */
 /* out[t] += sum_k w(t,k) * down_e(act(gate_up_e(x_t))), e = ids[t,k]; ids < 0 skipped.
@@ -282,21 +232,28 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     int32_t *count = calloc((size_t)E + 1, sizeof(int32_t));
     int32_t *pair_token = malloc(sizeof(int32_t) * (size_t)(P_max + 1));
     float *pair_weight = malloc(sizeof(float) * (size_t)(P_max + 1));
-    ks_group *groups = malloc(sizeof(ks_group) * (size_t)(E + 1));
+    ks_group *groups = malloc(sizeof(ks_group) * (size_t)(E + P_max / KS_GROUP_MAX + 1));
     float *inter = malloc(sizeof(float) * (size_t)(P_max * ex->inter + 1));
     float *xq = quant_act ? malloc(sizeof(float) * (size_t)(T * ex->hidden + 1)) : NULL;
     const int bf16_path = isa == KS_ISA_AVX512BF16 && quant_act && ex->format == KS_MXFP4 && ex->bf16_scales_ok;
     uint16_t *xb = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * T * ex->hidden + 1)) : NULL;
     uint16_t *inter_b = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
+    const int fp4pair_path = isa == KS_ISA_AVX2 && (ex->format == KS_MXFP4 || ex->format == KS_NVFP4);
+    float *xd = fp4pair_path ? malloc(sizeof(float) * (size_t)(2 * T * ex->hidden + 1)) : NULL;
+    float *inter_d = fp4pair_path ? malloc(sizeof(float) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
     if (!count || !pair_token || !pair_weight || !groups || !inter || (quant_act && !xq) ||
-        (bf16_path && (!xb || !inter_b))) { rc = -3; goto done; }
+        (bf16_path && (!xb || !inter_b)) || (fp4pair_path && (!xd || !inter_d))) { rc = -3; goto done; }
 
     /* Counting sort of the routed pairs by expert, token order kept inside an expert. */
     for (int64_t p = 0; p < P_max; ++p) if (ids[p] >= 0) count[ids[p] + 1]++;
     for (int e = 0; e < E; ++e) count[e + 1] += count[e];
-    int ng = 0;
+    int ng = 0;  /* groups of at most KS_GROUP_MAX pairs (an id repeated within a row can exceed T) */
     for (int e = 0; e < E; ++e)
-        if (count[e + 1] > count[e]) { groups[ng].expert = e; groups[ng].first = count[e]; groups[ng].count = count[e + 1] - count[e]; ++ng; }
+        for (int first = count[e]; first < count[e + 1]; first += KS_GROUP_MAX, ++ng) {
+            groups[ng].expert = e;
+            groups[ng].first = first;
+            groups[ng].count = count[e + 1] - first < KS_GROUP_MAX ? count[e + 1] - first : KS_GROUP_MAX;
+        }
     for (int64_t p = 0; p < P_max; ++p) {
         const int e = ids[p];
         if (e < 0) continue;
@@ -308,17 +265,17 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     if (nthreads > ex->inter / KS_KBLOCK) nthreads = ex->inter / KS_KBLOCK;
 
     ks_call call = {ex, act, quant_act ? xq : h, T, groups, ng, pair_token, pair_weight, inter, quant_act, out,
-                    xb, inter_b};
+                    xb, inter_b, xd, inter_d};
     ks_task proto = {&call, h, xq, NULL, 0, 1};
-    pthread_mutex_lock(&pool.call_lock);
-    if (quant_act) run_phase(proto, T < nthreads ? (int)T : nthreads);
+    ks_pool_lock();
+    if (quant_act || xd) run_phase(proto, T < nthreads ? (int)T : nthreads);
     proto.fn = gu;
     run_phase(proto, nthreads);
     proto.fn = dn;
     run_phase(proto, nthreads);
-    pthread_mutex_unlock(&pool.call_lock);
+    ks_pool_unlock();
 done:
-    free(count); free(pair_token); free(pair_weight); free(groups); free(inter); free(xq); free(xb); free(inter_b);
+    free(count); free(pair_token); free(pair_weight); free(groups); free(inter); free(xq); free(xb); free(inter_b); free(xd); free(inter_d);
     return rc;
 }
 
@@ -348,7 +305,8 @@ double ks_read_bandwidth_probe(const uint8_t *p, int64_t n, int nthreads, int is
     return s;
 }
 
-/* Repack one matrix (rows x K logical, row-major source) into the tile layout of ks_native.h.
+/* Repack one matrix (rows x K logical, row-major source) into the tile layout of ks_native.h
+ * (per 32-block: the 4 rows' data, then their scales).
  * data: row_bytes per row (natural FP4 packing: even element in the low nibble); scales:
  * scale_row_bytes per row (or NULL); order: source row of each destination row; dst: rows/4
  * tiles of tile_stride bytes (the caller zeroes the padding).  Returns 0 or -1. */
@@ -360,13 +318,14 @@ int ks_repack_matrix(int fmt, const uint8_t *data, int64_t row_bytes, const uint
     const int64_t sb = scales ? scale_row_bytes / nkb : 0;
     const int fp4 = fmt == KS_MXFP4 || fmt == KS_NVFP4;
     for (int64_t t = 0; t < rows / KS_TILE_ROWS; ++t) {
-        uint8_t *tile = dst + t * tile_stride, *tscale = tile + nkb * KS_TILE_ROWS * db;
+        uint8_t *tile = dst + t * tile_stride;
+        const int64_t bs = KS_TILE_ROWS * (db + sb);
         for (int r = 0; r < KS_TILE_ROWS; ++r) {
             const int64_t src = order[t * KS_TILE_ROWS + r];
             if (src < 0 || src >= rows) return -1;
             const uint8_t *srow = data + src * row_bytes;
             for (int64_t kb = 0; kb < nkb; ++kb) {
-                uint8_t *d = tile + (kb * KS_TILE_ROWS + r) * db;
+                uint8_t *d = tile + kb * bs + r * db;
                 const uint8_t *s = srow + kb * db;
                 if (fp4) {
                     uint8_t c[32];
@@ -375,7 +334,7 @@ int ks_repack_matrix(int fmt, const uint8_t *data, int64_t row_bytes, const uint
                 } else {
                     memcpy(d, s, (size_t)db);
                 }
-                if (sb) memcpy(tscale + (kb * KS_TILE_ROWS + r) * sb, scales + src * scale_row_bytes + kb * sb, (size_t)sb);
+                if (sb) memcpy(tile + kb * bs + KS_TILE_ROWS * db + r * sb, scales + src * scale_row_bytes + kb * sb, (size_t)sb);
             }
         }
     }

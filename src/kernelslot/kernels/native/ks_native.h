@@ -1,13 +1,13 @@
 /* kernelslot native CPU MoE decode kernels: shared declarations.
  *
  * Contract (see docs/native.md): weights are repacked once, in Python, into row tiles of
- * KS_TILE_ROWS rows.  A tile holds, for every contraction block of KS_KBLOCK elements, the
- * data of its rows ([kblock][row][data bytes]) followed by all the block scales
- * ([kblock][row][scale bytes]); tiles are padded to 64 bytes.  Gate/up tiles interleave
- * rows (gate i, up i, gate i+1, up i+1); down tiles are 4 consecutive output rows.
+ * KS_TILE_ROWS rows.  A tile is one sequential stream: for every contraction block of
+ * KS_KBLOCK elements, the data of its rows ([row][data bytes]) immediately followed by the
+ * rows' block scales ([row][scale bytes]); tiles are padded to 64 bytes.  Gate/up tiles
+ * interleave rows (gate i, up i, gate i+1, up i+1); down tiles are 4 consecutive output rows.
  * FP4 rows store byte j = code[j] | code[j+16] << 4 inside each 32-element block (NVFP4:
  * elements 0..15 are the first 16-block, 16..31 the second; two E4M3 scale bytes).
- * All arithmetic is fp32 (FMA), activations fp32.
+ * Weights are dequantised exactly; products are exact; sums are fp32.
  */
 #ifndef KS_NATIVE_H
 #define KS_NATIVE_H
@@ -16,6 +16,7 @@
 
 #define KS_TILE_ROWS 4
 #define KS_KBLOCK 32
+#define KS_GROUP_MAX 64 /* pairs per expert group in one kernel pass */
 
 enum ks_format {
     KS_F32 = 0, KS_BF16 = 1, KS_F16 = 2, KS_FP8ROW = 3, KS_MXFP8 = 4, KS_MXFP4 = 5, KS_NVFP4 = 6,
@@ -66,7 +67,30 @@ typedef struct {
     float *out;                  /* (T, H) accumulator */
     const uint16_t *xb;          /* bf16 MX path: x in the bf16-duplicated layout, else NULL */
     uint16_t *inter_b;           /* bf16 MX path: (P, 2I) duplicated intermediate, else NULL */
+    const float *xd;             /* AVX2 FP4 path: x (T, 2H) in the fp4pair layout, else NULL */
+    float *inter_d;              /* AVX2 FP4 path: (P, 2I) fp4pair intermediate, else NULL */
 } ks_call;
+
+/* Bytes of one contraction block of a tile (data then scales of its KS_TILE_ROWS rows). */
+static inline int ks_block_bytes(int fmt) {
+    static const int data[KS_NUM_FORMATS] = {128, 64, 64, 32, 32, 16, 16};
+    static const int scale[KS_NUM_FORMATS] = {0, 0, 0, 0, 1, 1, 2};
+    return KS_TILE_ROWS * (data[fmt] + scale[fmt]);
+}
+
+/* The thread pool (ks_pool.c): fn(arg, tid, nth) for tid < nth, the caller is tid 0. */
+typedef void (*ks_pool_fn)(void *arg, int tid, int nth);
+void ks_pool_run(ks_pool_fn fn, void *arg, int nth);
+void ks_pool_lock(void);
+void ks_pool_unlock(void);
+
+#if defined(__x86_64__)
+/* AVX2 FP4 kernels (ks_fp4_avx2.c); nv = 1 for NVFP4, 0 for MXFP4; xd in the fp4pair layout. */
+void ks_fp4_tile_fused_avx2(int nv, int nt, const uint8_t *tile, int nkb, int bstride,
+                            const float *const *xd, float *res);          /* nt <= 2 */
+void ks_fp4_tile_decode_avx2(int nv, const uint8_t *tile, int nkb, int bstride, float *buf);
+void ks_pair_dot_avx2(int nt, const float *buf, int nkb, const float *const *xd, float *res); /* nt <= 6 */
+#endif
 
 /* Per-ISA phases, thread `tid` of `nth` (each covers a disjoint slice). */
 void ks_gate_up_portable(const ks_call *c, int tid, int nth);
@@ -89,6 +113,8 @@ extern float ks_e4m3_lut[256];       /* E4M3 byte -> fp32 */
 extern float ks_e8m0_lut[256];       /* E8M0 byte -> fp32 2^(b-127), 0xFF -> NaN */
 extern float ks_e8m0_p120_lut[256];  /* 2^(b-7): E8M0 scale times 2^120 (fp8 bit trick) */
 extern const float ks_e2m1_values[16];
+/* [0: MXFP4 E8M0, 1: NVFP4 E4M3][scale byte][16 low bytes, 16 high bytes of bf16(e2m1[c] * scale)] */
+extern uint8_t ks_fp4_bf16[2][256][32];
 float ks_half_to_float(uint16_t h);
 float ks_apply_act(const ks_act *a, float g, float u);
 /* MXFP8 (E4M3, floor E8M0, blocks of 32) quantise-dequantise of n elements (n % 32 == 0). */
@@ -96,5 +122,8 @@ void ks_mxfp8_qdq(const float *x, float *y, int64_t n);
 /* n elements (n % 32 == 0) -> per 32-block 64 bf16 words: [e0..15, e0..15, e16..31, e16..31]
  * (truncation; exact for values with <= 8 significant bits, e.g. MXFP8 q-dq values). */
 void ks_to_bf16_dup(const float *x, uint16_t *y, int64_t n);
+/* n elements (n % 8 == 0) -> 2n floats, per group of 8: elements 0 2 4 6 twice, then 1 3 5 7
+ * twice (the activation layout of the AVX2 FP4 kernels). */
+void ks_to_fp4pair(const float *x, float *y, int64_t n);
 
 #endif
