@@ -25,7 +25,8 @@ EXPECTED = {
 
 
 def test_every_example_has_an_expectation():
-    assert {p.name for p in EXAMPLES.iterdir() if p.is_dir()} == set(EXPECTED)
+    # collective_* examples run across rank processes: tests/verify/test_collective_examples.py
+    assert {p.name for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith("collective_")} == set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

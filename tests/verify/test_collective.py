@@ -18,7 +18,7 @@ from kernelslot.abi import Role, SlotKind
 from kernelslot.slots import CATALOG, Candidate, Kernel, get_slot
 from kernelslot.slots.collective import rank_shares
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.collective import CollectiveSession, kernel_ref, verify_collective
+from kernelslot.verify.collective import CollectiveSession, verify_collective
 from kernelslot.verify.pipeline import make_case
 
 COLLECTIVE = sorted(name for name, d in CATALOG.items() if d.slot.kind is SlotKind.COLLECTIVE)
@@ -145,10 +145,12 @@ def test_collective_cheat_fails_with_rank_and_reason(name, profile, deadline, ex
         assert assf and all(f"within the {deadline:g} s deadline" in c.message for c in assf)
 
 
-def test_candidate_must_be_importable_by_name():
-    with pytest.raises(ValueError, match="not importable by name"):
-        kernel_ref(Kernel(lambda x, out, group: None))
-    assert kernel_ref(get_slot("moe.fused_experts_reduce").incumbent).entry == "kernelslot.kernels.collective:fused_experts_reduce"
+def test_candidate_must_be_loadable_by_the_ranks():
+    defn = get_slot("collective.all_reduce")
+    opts = VerifyOptions(world_sizes=(2,), profiles=("single_token.w2",), dtypes=(torch.float32,))
+    report = verify_collective(defn, Candidate(Kernel(lambda x, out, group: None, name="local")), opts)
+    assert not report.passed
+    assert "cannot be loaded in another process" in report.results[0].check("raised").message
 
 
 @pytest.mark.slow  # ~15 s: torchrun's own rendezvous and two fresh interpreters

@@ -1,293 +1,219 @@
 """The collective referee: verify a collective slot across real processes with torch.distributed.
 
-Local mode (:func:`verify_collective`, used by ``verify_slot`` for every ``SlotKind.COLLECTIVE``
-slot): for a group of ``W`` ranks the referee spawns ``W + 1`` worker processes (each in its own
-session, so a whole process tree can be killed), joined through a ``TCPStore`` the referee hosts
-on a free localhost port (gloo on CPU, NCCL on CUDA). Every process calls ``dist.new_group(1..W)``
-and the candidate receives that group, never the default one. Global rank 0 is a *spare*: in the
-default world group, outside the candidate's group, it never calls a collective. So a candidate
-that reduces over the default group never completes and is caught by the deadline (with every
-rank reported blocked inside torch.distributed); group rank ``r`` is global rank ``r + 1``, so
-confusing the two is wrong too; and the group constructors (``new_group``, ...) raise inside the
-rank processes once the referee's group exists.
+Local mode (:func:`verify_collective`, what ``kernelslot verify`` runs for every
+``SlotKind.COLLECTIVE`` slot): the rank processes of a
+:class:`~kernelslot.verify.collective_session.CollectiveSession` run only the candidate and a
+minimal call loop (:mod:`kernelslot.verify.collective_worker`). This process is their trusted
+supervisor and the only one that judges: per profile × seed it builds every rank's inputs
+(``Case.meta["per_rank"]``), allocates each rank's inputs, prepare arguments and padded-stride
+outputs (inside canary buffers) *here*, in shared memory the rank maps, and before every call
+refills the inputs in place and poisons the outputs itself. After the call it makes every check
+from the shared tensors and its own snapshots — inputs unchanged, poison left, writes outside
+the view, output storage swapped or aliased, retention (from the rank's use counts) — and
+compares every rank's outputs with the reference computed here. Replies are JSON observations
+(:mod:`kernelslot.verify.collective_wire`); nothing is ever unpickled.
 
-Per profile × seed the referee builds every rank's inputs (``Case.meta["per_rank"]``), computes the
-trusted reference for each call here, sends each rank only its own share, and receives plain data
-(:class:`~kernelslot.verify.collective_worker.CallReport`). Each rank poisons its outputs before
-every call, uses padded strides, and makes the ABI checks where the call ran; the referee compares
-*every* rank's outputs with the reference and replays with fresh inputs. A rank that raises, exits
-or gives no result within ``collective_timeout_s`` (per call) fails the profile with its rank and
-the reason (for a hang: where its Python stack was stuck); the processes are then killed and the
-next profile gets a fresh set. Results are :class:`~kernelslot.verify.report.ProfileResult`.
+The call sequence is the single-device pipeline's: the first call, replays with full / tail /
+head refills (NaN poison, a finite sentinel on the first replay; a bundle gets up to
+``extra_replays`` more, drawn at random), then the engine-like plain-output call (contiguous
+outputs at offset 0 filled with random values), and on CUDA for ``graph_safe`` candidates a
+captured-graph call replayed with fresh inputs and fresh poison. A call whose checks fail but
+which returns keeps the ranks in step, so the remaining calls still run. Messages start with
+``rank r:``; a rank that raises, exits, writes on its channel or hangs fails the profile with
+the cause (see :mod:`kernelslot.verify.collective_session`).
 
-torchrun mode (:func:`main` with ``RANK``/``WORLD_SIZE`` in the environment): see docs/collectives.md.
+torchrun mode (:func:`main` with ``RANK``/``WORLD_SIZE`` set): see docs/collectives.md.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
+import json
 import os
-import signal
-import socket
-import subprocess
+import secrets
 import sys
-import tempfile
-import time
+from dataclasses import dataclass
 from datetime import timedelta
-from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from kernelslot.abi import SlotKind
-from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, dtype_name
-from kernelslot.slots.collective import rank_shares, world_of
-from kernelslot.verify.collective_worker import CallReport, KernelRef, RankJob, recv_obj, send_obj, stuck_where
-from kernelslot.verify.pipeline import VerifyOptions, clone_case, describe, make_case, refilled, select_profiles
+from kernelslot.abi import AllocatedOutput, Role, SlotKind, allocate_output
+from kernelslot.abi.tensor_spec import allocate_plain, canary_value
+from kernelslot.slots.base import Candidate, Case, Kernel, KernelSource, Profile, SlotDef, dtype_name
+from kernelslot.slots.collective import RankShare, rank_shares, world_of
+from kernelslot.verify.checks import check_call, check_inputs, snapshot
+from kernelslot.verify.collective_session import CollectiveSession, SessionError, stuck_where
+from kernelslot.verify.collective_wire import share_storage, tensor_desc
+from kernelslot.verify.pipeline import (_CALL_CHECKS, REFILL_SCHEDULE, VerifyOptions, clone_case, describe, make_case,
+                                        refilled, select_profiles, tensors_in, to_device)
 from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, SlotReport
+from kernelslot.verify.runner import CallObservation, InProcessRunner, TensorMeta
 
-__all__ = ["verify_collective", "kernel_ref", "CollectiveSession", "SessionError", "main"]
+__all__ = ["verify_collective", "CollectiveSession", "SessionError", "main"]
 
 Progress = Callable[[ProfileResult], None]
-_STARTUP_S = 120.0  # import torch + rendezvous on a loaded machine
 _STALL_FRACTION = 0.75  # a rank reports its stack after this fraction of the deadline
-_STOP_GRACE_S = 1.0  # after one rank stopped, how long its peers get to finish or stop before a respawn
+_PLAIN_CALL = 500  # case index of the plain-output call's fresh inputs
 
 
-def _callable_ref(fn: Any, what: str) -> str:
-    if isinstance(fn, str):
-        return fn
-    qual = getattr(fn, "__qualname__", "")
-    module = sys.modules.get(getattr(fn, "__module__", "") or "")
-    if not qual or "<locals>" in qual or "<lambda>" in qual or module is None:
-        raise ValueError(f"{what} {fn!r} is not importable by name: collective candidates are loaded by every rank "
-                         "from 'module:qualname' or '/path/file.py:qualname'; define it at module level")
-    name, file = module.__name__, getattr(module, "__file__", None)
-    spec = importlib.util.find_spec(name) if name != "__main__" else None
-    if spec is not None and file and spec.origin and os.path.samefile(spec.origin, file):
-        return f"{name}:{qual}"
-    if file:
-        return f"{os.path.abspath(file)}:{qual}"
-    raise ValueError(f"{what} {fn!r}: its module {name} has no source file to load in the rank processes")
+@dataclass(frozen=True)
+class _Call:
+    """One call of the sequence: which inputs, which poison, which outputs."""
+
+    index: int  # case index (0 first call, r replay r, _PLAIN_CALL the plain-output call)
+    refill: str = "full"  # full | tail | head (replays)
+    poison: str = "nan"  # nan | finite | random (the plain call)
+    plain: bool = False  # contiguous outputs at offset 0, as an engine passes them
+    graph: str | None = None  # capture | replay (CUDA graph)
+
+    @property
+    def label(self) -> str:
+        if self.graph:
+            return f"graph {self.graph}: "
+        return "plain-output call: " if self.plain else f"replay {self.index}: " if self.index else ""
+
+    @property
+    def check(self) -> str:
+        return "graph_replay" if self.graph else "replay" if self.index else "compare"
 
 
-def kernel_ref(kernel: Kernel) -> KernelRef:
-    """How the rank processes import ``kernel`` (its entry/prepare may also be given as reference strings)."""
-    prepare = _callable_ref(kernel.prepare, "prepare") if kernel.prepare is not None else None
-    return KernelRef(_callable_ref(kernel.entry, "entry"), prepare, kernel.name)
+def call_sequence(opts: VerifyOptions, graphs: bool) -> list[_Call]:
+    """The calls of one profile × seed (see the module docstring)."""
+    replays = opts.replays + (secrets.randbelow(opts.extra_replays + 1) if opts.extra_replays else 0)
+    calls = [_Call(0)] + [_Call(r, REFILL_SCHEDULE[(r - 1) % len(REFILL_SCHEDULE)], "finite" if r == 1 else "nan")
+                          for r in range(1, replays + 1)]
+    calls.append(_Call(_PLAIN_CALL, poison="random", plain=True))
+    if graphs:
+        calls += [_Call(1000, graph="capture"), _Call(1001, graph="replay"), _Call(1002, "tail", graph="replay")]
+    return calls
 
 
-class SessionError(RuntimeError):
-    """The rank processes could not be started or joined (the message names the rank)."""
-
-
-def _tail(path: str, lines: int = 6) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            text = fh.read().strip().splitlines()
-    except OSError:
-        return ""
-    return "\n".join(text[-lines:])
-
-
-class CollectiveSession:
-    """One spare rank (global rank 0) plus ``group_size`` candidate ranks (global 1..W), ready to run jobs.
-
-    The candidate's group rank ``r`` is global rank ``r + 1``, so a candidate that confuses the two
-    (or assumes its group is the world) computes the wrong thing. Always :meth:`close` a session.
-    """
-
-    def __init__(self, group_size: int, device: str = "cpu", timeout_s: float = 30.0):
-        self.group_size, self.device, self.timeout_s = group_size, device, timeout_s
-        self.world = group_size + 1
-        self.backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-        self.broken = False
-        self.procs: list[subprocess.Popen] = []
-        self.conns: list[Connection] = []
-        self.logs: list[str] = []
-        self._logdir = tempfile.mkdtemp(prefix="kernelslot-collective-")
-        self._store = dist.TCPStore("127.0.0.1", 0, self.world, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=_STARTUP_S))
-        try:
-            self._spawn()
-        except BaseException:
-            self.close()
-            raise
-
-    def _spawn(self) -> None:
-        # gloo gives up on a stuck peer only well after the referee's own deadline has fired
-        pg_timeout = 3 * self.timeout_s + 30
-        for rank in range(self.world):
-            parent, child = socket.socketpair()
-            log = os.path.join(self._logdir, f"rank{rank}.log")
-            cmd = [sys.executable, "-m", "kernelslot.verify.collective_worker", "--fd", str(child.fileno()),
-                   "--rank", str(rank), "--world", str(self.world), "--spare",
-                   "--backend", self.backend, "--device", self.device, "--store-port", str(self._store.port),
-                   "--timeout", str(pg_timeout)]
-            with open(log, "wb") as fh:
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, pass_fds=(child.fileno(),),
-                                        start_new_session=True, env=self._child_env())
-            child.close()
-            self.procs.append(proc)
-            self.conns.append(Connection(parent.detach()))
-            self.logs.append(log)
-        waiting = set(range(self.world))
-        deadline = time.monotonic() + _STARTUP_S
-        while waiting:
-            ready = wait([self.conns[r] for r in waiting], timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise SessionError(f"{self._name(min(waiting))}: did not join the process group within {_STARTUP_S:.0f} s")
-            for conn in ready:
-                rank = self.conns.index(conn)
-                try:
-                    msg = recv_obj(conn)
-                except EOFError:
-                    raise SessionError(f"{self._name(rank)}: exited while starting (code {self.procs[rank].wait()}): "
-                                       f"{_tail(self.logs[rank])}") from None
-                if msg[0] == "ready":
-                    waiting.discard(rank)
-
-    @staticmethod
-    def _child_env() -> dict[str, str]:
-        """The referee's import path (so a rank imports the candidate as the referee named it), one thread each."""
-        path = [p for p in sys.path if p and os.path.isdir(p)]
-        extra = os.environ.get("PYTHONPATH")
-        return {**os.environ, "OMP_NUM_THREADS": "1",
-                "PYTHONPATH": os.pathsep.join(path + ([extra] if extra else []))}
-
-    @staticmethod
-    def _name(process: int) -> str:
-        """Process 0 is the spare rank; process ``r + 1`` is group rank ``r``."""
-        return "the spare rank (global rank 0)" if process == 0 else f"rank {process - 1}"
-
-    def exit_reason(self, process: int) -> str:
-        proc = self.procs[process]
-        try:
-            code = proc.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            code = None
-        tail = _tail(self.logs[process])
-        how = f"exited with code {code}" if code is not None else "closed its connection"
-        if code is not None and code < 0:
-            how = f"was killed by signal {-code}"
-        return how + (f"; output tail:\n{tail}" if tail else "")
-
-    def close(self) -> None:
-        """Stop every rank; kill each rank's whole process group (candidate children included)."""
-        for conn in self.conns:
-            try:
-                send_obj(conn, "stop")
-            except OSError:
-                pass
-        end = time.monotonic() + (0.0 if self.broken else 2.0)  # a broken session may hold stuck ranks
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.05, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the rank's session: it and anything it started
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
-        for conn in self.conns:
-            conn.close()
-        self.procs, self.conns = [], []
-        for log in self.logs:
-            try:
-                os.remove(log)
-            except OSError:
-                pass
-        try:
-            os.rmdir(self._logdir)
-        except OSError:
-            pass
-        self._store = None
-
-    def run(self, jobs: Sequence[RankJob], calls: int, on_report: Callable[[CallReport], None]) -> list[str]:
-        """Send rank r ``jobs[r]`` and collect its reports; returns per-rank failure lines (empty = all answered).
-
-        A rank that fails to load/prepare or raises stops the job; its peers then get
-        ``_STOP_GRACE_S`` to finish or stop too, else the session is marked broken (they wait for it
-        in a collective). A rank that exits or overruns the per-call deadline breaks the session at
-        once. Other failed checks are reported and the ranks carry on in step.
-        """
-        members = self.conns[1:]  # group rank r is process r + 1
-        for rank, job in enumerate(jobs):
-            send_obj(members[rank], job)
-        expected = {rank: -2 for rank in range(self.group_size)}  # last report received: -2 none, -1 load/prepare
-        stopped: set[int] = set()  # ranks that gave up on this job (raised, or could not load/prepare)
-        grace_end: float | None = None  # once a rank stopped: how long its peers get to finish or stop too
-        stalls: dict[int, str] = {}
-        since = {rank: time.monotonic() for rank in expected}
-        while True:
-            pending = [r for r, c in expected.items() if c < calls - 1 and r not in stopped]
-            if not pending:
-                return []
-            remaining = min(since[r] for r in pending) + self.timeout_s - time.monotonic()
-            if grace_end is not None:
-                remaining = min(remaining, grace_end - time.monotonic())
-            ready = wait([members[r] for r in pending], timeout=max(0.0, remaining))
-            if not ready:
-                self.broken = True  # ranks still inside the call: stuck in a collective or hung
-                return [] if grace_end is not None else self._hung(pending, stalls, expected)
-            for conn in ready:
-                rank = members.index(conn)
-                try:
-                    msg = recv_obj(conn)
-                except EOFError:
-                    self.broken = True
-                    return [f"rank {rank}: process {self.exit_reason(rank + 1)} (during {_step(expected[rank])})"]
-                if isinstance(msg, tuple) and msg[0] == "stalled":
-                    stalls[rank] = msg[3]
-                    continue
-                since[rank] = time.monotonic()
-                stalls.pop(rank, None)
-                on_report(msg)
-                if msg.call < 0 and msg.failures or any(check == "raised" for check, _ in msg.failures):
-                    stopped.add(rank)
-                    grace_end = grace_end or time.monotonic() + _STOP_GRACE_S
-                else:
-                    expected[rank] = msg.call
-
-    def _hung(self, pending: list[int], stalls: dict[int, str], expected: dict[int, int]) -> list[str]:
-        """Name every rank without a result; ranks stuck in their own code first."""
-        lines = []
-        for rank in pending:
-            where = stuck_where(stalls.get(rank))
-            step = _step(expected[rank])
-            lines.append((0 if "candidate code" in where and "torch.distributed" not in where else 1,
-                          f"rank {rank}: timeout: no result within the {self.timeout_s:g} s deadline ({step}); {where}"))
-        lines.sort()
-        out = [text for _, text in lines]
-        if all("torch.distributed" in text for text in out) and len(out) == self.group_size:
-            out.append("every rank of the group is blocked inside torch.distributed: mismatched collectives, or a "
-                       "collective over a group other than the supplied one (the default world group has a spare rank "
-                       "that never joins)")
-        return out
-
-
-def _step(last: int) -> str:
-    """The step a rank was in, given the last report received from it."""
-    return "load/prepare" if last < -1 else f"call {last + 1}" if last >= 0 else "call 0"
-
-
-def _refreshed(prev: Case, fresh: Case, live: tuple[str, ...], partial: bool) -> Case:
-    """``prev`` with every rank's live inputs refreshed from ``fresh`` (a replay's values).
-
-    A ``partial`` refresh (even replays) redraws only the trailing half (in memory order) of the
-    floating-point live inputs and keeps the rest (the single-device pipeline's ``tail`` refill),
-    so a result cached by a fingerprint of a few leading cells goes stale.
-    """
-    mode = "tail" if partial else "full"
+def _advance(prev: Case, fresh: Case, live: tuple[str, ...], mode: str) -> Case:
+    """``prev`` with every rank's live inputs refilled from ``fresh`` under ``mode`` (full/tail/head)."""
     shares = [dataclasses.replace(p, inputs={**p.inputs, **{n: refilled(p.inputs[n], f.inputs[n], mode) for n in live}})
               for p, f in zip(rank_shares(prev), rank_shares(fresh))]
     return dataclasses.replace(prev, inputs=shares[0].inputs, meta={**prev.meta, "per_rank": shares})
 
 
-def _finish(result: ProfileResult, performed: set[str], defn: SlotDef) -> ProfileResult:
+def collective_overrun(alloc: AllocatedOutput, world: int) -> str:
+    """Why the canary around a rank's output changed, when a collective library call did it.
+
+    gloo (and any library that assumes a dense buffer) reduces ``numel`` contiguous elements from
+    the view's first element, padding included: the padding then holds the sum of every rank's
+    canary and the view's last rows are left unreduced. Returns the explanation and the fix, or
+    "" when the changed cells do not look like that.
+    """
+    view = alloc.view
+    if view.is_contiguous() or not view.numel():
+        return ""
+    start = view.storage_offset()
+    changed = (~alloc.mask) & (alloc.base != canary_value(alloc.base.dtype))
+    where = changed.nonzero().flatten()
+    if not where.numel() or int(where.min()) < start or int(where.max()) >= start + view.numel():
+        return ""
+    summed = torch.tensor(canary_value(alloc.base.dtype) * world, dtype=torch.float64).to(alloc.base.dtype)
+    if not bool((alloc.base[where] == summed).any()):
+        return ""
+    return (f"; the changed padding holds {world}x the canary, as a collective library call on the non-contiguous "
+            f"output leaves it (gloo's all_reduce reduces the {view.numel()} contiguous elements from the view's start, "
+            "padding included, and leaves its last rows unreduced): reduce a contiguous temporary, then copy into the output")
+
+
+class _RankTensors:
+    """One rank's tensors for one profile × seed, owned by the referee (shared memory in local mode)."""
+
+    def __init__(self, share: RankShare, defn: SlotDef, outputs: dict, device: torch.device,
+                 session: CollectiveSession | None):
+        self.defn, self.session = defn, session
+        self.inputs = to_device(share.inputs, device)
+        self.prepare_args = to_device(share.prepare_args, device)
+        self.outputs = {n: allocate_output(spec, device) for n, spec in outputs.items() if spec is not None}
+        self.plain = {n: allocate_plain(spec, device) for n, spec in outputs.items() if spec is not None}
+        self.keys: dict[int, int] = {}  # StorageImpl address -> key
+        self.bases: dict[int, int] = {}  # key -> data pointer of the shared storage here
+        self._pending: list[tuple[dict, int | None]] = []
+        tensors = list(tensors_in(self.inputs).values()) + list(tensors_in(self.prepare_args).values())
+        for t in tensors + [a.base for a in (*self.outputs.values(), *self.plain.values())]:
+            self._key(t)  # shared before any identity is recorded (data pointers move once)
+        self.prep_snap = snapshot(tensors_in(self.prepare_args))
+
+    def _key(self, t: torch.Tensor) -> int:
+        storage = t.untyped_storage()
+        key = self.keys.get(storage._cdata)
+        if key is None:
+            key = self.session.new_key() if self.session else len(self.keys) + 1
+            if self.session is not None:
+                entry, fd = share_storage(storage)
+                self._pending.append(({**entry, "key": key}, fd))
+            self.keys[storage._cdata] = key
+            self.bases[key] = storage.data_ptr()
+        return key
+
+    def take_storages(self) -> tuple[list[dict], list[int]]:
+        """Storages not yet registered with the rank, and their fds (CPU storages only)."""
+        pending, self._pending = self._pending, []
+        return [e for e, _ in pending], [fd for _, fd in pending if fd is not None]
+
+    def args(self, call: _Call) -> list[Any]:
+        outs = self.plain if call.plain else self.outputs
+        values = []
+        for a in self.defn.slot.args:
+            if a.role in (Role.INPUT, Role.SCALAR):
+                values.append(self.inputs[a.name])
+            elif a.role is Role.OUTPUT:
+                values.append(outs[a.name].view if a.name in outs else None)
+            else:
+                values.append(a.role)  # PREPARED / GROUP: filled in where the call runs
+        return values
+
+    def describe_args(self, values: list[Any]) -> list[dict]:
+        descs = []
+        for v in values:
+            if isinstance(v, torch.Tensor):
+                descs.append(tensor_desc(self._key(v), v))
+            elif v is Role.PREPARED:
+                descs.append({"prepared": True})
+            elif v is Role.GROUP:
+                descs.append({"group": True})
+            elif v is None:
+                descs.append({"none": True})
+            elif isinstance(v, (bool, int, float, str)):
+                descs.append({"v": v})
+            else:
+                raise TypeError(f"cannot describe a {type(v).__name__} argument to a rank; collective cases hold tensors and scalars")
+        return descs
+
+    def observation(self, reply: dict, values: list[Any]) -> CallObservation:
+        """A rank's JSON reply as a :class:`CallObservation` over this process's addresses (malformed = protocol)."""
+        obs = CallObservation()
+        if reply.get("error"):
+            obs.error, obs.cause = str(reply["error"])[:20000], str(reply.get("cause") or "exception")[:40]
+        if reply.get("returned") is not None:
+            obs.returned = str(reply["returned"])[:200]
+        meta = reply.get("meta")
+        if not isinstance(meta, list) or len(meta) != len(values):
+            raise ValueError("its observation lists no identity for every argument")
+        obs.meta_after = [self._translate(m, v) for m, v in zip(meta, values)]
+        retained = reply.get("retained", [])
+        if not isinstance(retained, list):
+            raise ValueError("'retained' is not a list")
+        obs.retained = [int(i) for i in retained if isinstance(i, int) and 0 <= i < len(values)]
+        return obs
+
+    def _translate(self, meta: Any, value: Any) -> TensorMeta | None:
+        if not isinstance(value, torch.Tensor):
+            return None
+        if meta == "same" or meta is None:
+            return TensorMeta.of(value)
+        base = self.bases.get(meta.get("key"), 0)
+        return TensorMeta(base + int(meta["data_delta"]), base + int(meta["storage_delta"]), int(meta["nbytes"]),
+                          tuple(int(s) for s in meta["shape"]), tuple(int(s) for s in meta["stride"]),
+                          int(meta["offset"]), str(meta["dtype"]))
+
+
+def _finish(result: ProfileResult, performed: set[str], defn: SlotDef, graph_why: str) -> ProfileResult:
     failed = {c.name for c in result.failures()}
     for name in CHECKS:
         if name in failed:
@@ -295,7 +221,7 @@ def _finish(result: ProfileResult, performed: set[str], defn: SlotDef) -> Profil
         if name in performed:
             result.record(name, PASS)
         elif name == "graph_replay":
-            result.record(name, SKIP, "collective slots are not captured in CUDA graphs by this referee")
+            result.record(name, SKIP, graph_why)
         elif (name == "prepare" and not defn.slot.needs_prepare) or (name == "audit" and defn.audit is None):
             continue
         else:
@@ -303,54 +229,149 @@ def _finish(result: ProfileResult, performed: set[str], defn: SlotDef) -> Profil
     return result
 
 
-class _Judge:
-    """The referee's side of one profile × seed: every rank's jobs, the references, the verdict."""
+class _ProfileCheck:
+    """The referee's side of one profile × seed: the calls, every rank's tensors, the checks and the verdict."""
 
-    def __init__(self, defn: SlotDef, cand_name: str, ref: KernelRef, profile: Profile, seed: int, opts: VerifyOptions,
-                 stall_after_s: float, with_reference: bool = True):
-        self.defn = defn
-        self.result = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, cand_name)
-        self.calls = 1 + opts.replays
-        base = make_case(defn, profile, seed, 0)
-        live = base.live_names()
-        cases = [base]
-        for call in range(1, self.calls):
-            cases.append(_refreshed(cases[-1], make_case(defn, profile, seed, call), live, partial=call % 2 == 0))
-        # trusted, here, before any rank runs (a torchrun rank that only runs the candidate skips it)
-        self.expected = [defn.reference(clone_case(c)) for c in cases] if with_reference else []
-        args = [(a.name, a.role.value) for a in defn.slot.args]
-        self.jobs = [RankJob(profile.label, ref, args, [rank_shares(c)[rank].inputs for c in cases], live,
-                             rank_shares(base)[rank].prepare_args, dict(base.outputs), stall_after_s)
-                     for rank in range(world_of(profile))]
+    def __init__(self, defn: SlotDef, cand: Candidate, profile: Profile, seed: int, opts: VerifyOptions,
+                 devices: Sequence[torch.device], session: CollectiveSession | None):
+        self.defn, self.cand, self.profile, self.seed = defn, cand, profile, seed
+        self.result = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, cand.name)
+        self.world = world_of(profile)
+        self.graphs = torch.device(opts.device).type == "cuda" and opts.graph and cand.graph_safe
+        self.calls = call_sequence(opts, self.graphs)
+        self.case = make_case(defn, profile, seed, 0)
+        self.live = self.case.live_names()
+        self.ranks = [_RankTensors(share, defn, dict(self.case.outputs), devices[r], session)
+                      for r, share in enumerate(rank_shares(self.case))]
         self.performed: set[str] = set()
 
-    def on_report(self, rep: CallReport) -> None:
-        """Record a rank's failed checks and compare its outputs with the reference."""
-        self.performed.update(rep.performed)
-        for check, message in rep.failures:
-            self.result.record(check, FAIL, f"rank {rep.rank}: {message}")
-        if rep.call < 0 or not rep.outputs:
+    def graph_why(self) -> str:
+        """Why the graph-replay check was skipped (when it was)."""
+        return "not graph_safe" if not self.cand.graph_safe else "no CUDA device" if not self.graphs else "not reached"
+
+    def prepare_failed(self, rank: int, reply: dict) -> bool:
+        """Record a rank's load/prepare failure, or a prepare that changed its arguments."""
+        if reply.get("error"):
+            check = "prepare" if reply.get("cause") != "load_failed" or self.defn.slot.needs_prepare else "raised"
+            text = str(reply["error"])[:20000].strip()
+            self.result.record(check, FAIL, f"rank {rank}: {'could not load the candidate' if reply.get('cause') == 'load_failed' else 'prepare() raised'}: "
+                               f"{text.splitlines()[-1] if text else ''}\n{text}")
+            return True
+        rt = self.ranks[rank]
+        scratch = ProfileResult("", "", "", "", 0, "")
+        if not check_inputs(scratch, tensors_in(rt.prepare_args), rt.prep_snap, "prepare(): "):
+            self._merge(rank, scratch)
+            return True
+        if self.defn.slot.needs_prepare:
+            self.performed.add("prepare")
+        return False
+
+    def begin(self, call: _Call) -> list[list[Any]]:
+        """Refill every rank's live inputs in place and poison its outputs; returns each rank's arguments."""
+        if call.index:
+            self.case = _advance(self.case, make_case(self.defn, self.profile, self.seed, call.index), self.live, call.refill)
+        gen = torch.Generator().manual_seed(secrets.randbits(63))
+        self._snaps = []
+        values = []
+        for rt, share in zip(self.ranks, rank_shares(self.case)):
+            for name in self.live:
+                rt.inputs[name].copy_(share.inputs[name])  # same storage, fresh values
+            outs = rt.plain if call.plain else rt.outputs
+            for alloc in outs.values():
+                alloc.base.masked_fill_(~alloc.mask, canary_value(alloc.base.dtype))  # one overrun taints one call only
+                if call.poison == "random":
+                    alloc.poison_random(gen)
+                else:
+                    alloc.poison(finite=call.poison == "finite")
+            self._snaps.append((snapshot(rt.inputs), {n: TensorMeta.of(a.view) for n, a in outs.items()}))
+            values.append(rt.args(call))
+        return values
+
+    def judge(self, call: _Call, rank: int, obs: CallObservation) -> None:
+        """Every check of one rank's call, then the comparison with the reference computed here."""
+        rt = self.ranks[rank]
+        in_snap, out_meta = self._snaps[rank]
+        outs = rt.plain if call.plain else rt.outputs
+        scratch = ProfileResult("", "", "", "", 0, "")
+        label = call.label
+        check_inputs(scratch, rt.inputs, in_snap, label)
+        check_inputs(scratch, tensors_in(rt.prepare_args), rt.prep_snap, label + "weights: ")
+        names = [a.name for a in self.defn.slot.args]
+        usable = check_call(scratch, obs, names, list(outs), outs, out_meta, {k: m for k, (_, m) in in_snap.items()}, label)
+        for name, alloc in outs.items():
+            why = "" if alloc.canary_intact() else collective_overrun(alloc, self.world)
+            for c in scratch.checks:
+                if why and c.name == "out_of_bounds_write" and f"output {name}:" in c.message:
+                    c.message += why
+        self.performed.update(_CALL_CHECKS)
+        self._merge(rank, scratch)
+        if not usable:
             return
-        label = f"replay {rep.call}: " if rep.call else ""
-        check = "replay" if rep.call else "compare"
-        self.performed.add(check)
-        for name, actual in rep.outputs.items():
-            verdict = self.defn.comparator_for(name).compare(actual, self.expected[rep.call][name])
+        self.performed.add(call.check)
+        expected = self.defn.reference(clone_case(self.case))
+        for name, alloc in outs.items():
+            verdict = self.defn.comparator_for(name, self.profile).compare(alloc.view.detach().cpu(), expected[name])
             key = f"{name}.{verdict.metric}"
             self.result.metrics[key] = min(self.result.metrics.get(key, verdict.value), verdict.value)
             if not verdict.passed:
-                self.result.record(check, FAIL, f"rank {rep.rank}: {label}{name}: {verdict.describe()}")
+                self.result.record(call.check, FAIL, f"rank {rank}: {label}{name}: {verdict.describe()}")
 
-    def finish(self, failure_lines: Sequence[str] = ()) -> ProfileResult:
-        for line in failure_lines:
-            self.result.record("raised", FAIL, line)
-        return _finish(self.result, self.performed, self.defn)
+    def _merge(self, rank: int, scratch: ProfileResult) -> None:
+        for c in scratch.failures():
+            self.result.record(c.name, FAIL, f"rank {rank}: {c.message}")
+
+    def finish(self) -> ProfileResult:
+        return _finish(self.result, self.performed, self.defn, self.graph_why())
 
 
-def _run_profile(session: CollectiveSession, defn: SlotDef, cand: Candidate, profile: Profile, seed: int,
-                 opts: VerifyOptions) -> ProfileResult:
-    judge = _Judge(defn, cand.name, kernel_ref(cand.kernel), profile, seed, opts, _STALL_FRACTION * session.timeout_s)
-    return judge.finish(session.run(judge.jobs, judge.calls, judge.on_report))
+def _job_frames(check: _ProfileCheck, src: KernelSource, stall_after_s: float) -> list[tuple[dict, list[int]]]:
+    frames = []
+    for rt in check.ranks:
+        prep = rt.describe_args(list(rt.prepare_args)) if check.defn.slot.needs_prepare else None
+        storages, fds = rt.take_storages()
+        frames.append(({"op": "job", "kernel": dataclasses.asdict(src), "storages": storages, "prepare_args": prep,
+                        "stall_after_s": stall_after_s}, fds))
+    return frames
+
+
+def _run_profile(session: CollectiveSession, defn: SlotDef, cand: Candidate, src: KernelSource, profile: Profile,
+                 seed: int, opts: VerifyOptions) -> ProfileResult:
+    check = _ProfileCheck(defn, cand, profile, seed, opts, [session.rank_device(r) for r in range(world_of(profile))], session)
+    seq = 0
+    replies, lines = session.exchange(_job_frames(check, src, _STALL_FRACTION * session.timeout_s), "prepared", seq, "load/prepare")
+    stop = bool(lines)
+    for rank, reply in sorted(replies.items()):
+        stop |= check.prepare_failed(rank, reply)
+    for call in check.calls if not stop else ():
+        seq += 1
+        values = check.begin(call)
+        frames = []
+        for rt, vals in zip(check.ranks, values):
+            descs = rt.describe_args(vals)
+            storages, fds = rt.take_storages()
+            frames.append(({"op": "call", "args": descs, "storages": storages, "graph": call.graph}, fds))
+        step = call.label.rstrip(": ") or "call 0"
+        replies, lines = session.exchange(frames, "called", seq, step)
+        raised = False
+        for rank, reply in sorted(replies.items()):
+            try:
+                obs = check.ranks[rank].observation(reply, values[rank])
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                session.broken = True
+                lines.append(f"rank {rank}: protocol: a malformed observation during {step} ({exc})")
+                continue
+            check.judge(call, rank, obs)
+            raised |= obs.error is not None
+        if lines or raised:
+            break
+    if not session.broken:
+        seq += 1
+        _, release_lines = session.exchange([({"op": "release", "keys": list(rt.bases)}, []) for rt in check.ranks],
+                                            "released", seq, "the end of the profile")
+        lines += release_lines
+    for line in lines:
+        check.result.record("raised", FAIL, line)
+    return check.finish()
 
 
 def _route(cands: list[Candidate], defn: SlotDef, profile: Profile, seed: int, device: str) -> tuple[Candidate | None, str]:
@@ -374,7 +395,7 @@ def verify_collective(defn: SlotDef, candidates: Candidate | Sequence[Candidate]
     owned = sessions is None
     sessions = {} if sessions is None else sessions
     cands = [candidates] if isinstance(candidates, Candidate) else list(candidates)
-    report = SlotReport(defn.name, ", ".join(c.name for c in cands), "collective(spawned ranks)", opts.device)
+    report = SlotReport(defn.name, ", ".join(c.name for c in cands), "collective(isolated ranks)", opts.device)
     model = opts.model or next((c.model for c in cands if c.model), None)
     profiles = [p for p in select_profiles(defn, opts, model) if world_of(p) in opts.world_sizes]
     try:
@@ -405,7 +426,7 @@ def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: i
         return res
     world = world_of(profile)
     try:
-        kernel_ref(cand.kernel)
+        src = cand.kernel.origin()
         if world not in sessions:
             sessions[world] = CollectiveSession(world, opts.device, opts.collective_timeout_s)
         elif sessions[world].timeout_s != opts.collective_timeout_s or sessions[world].device != opts.device:
@@ -415,128 +436,9 @@ def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: i
     except (ValueError, SessionError) as exc:
         res = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, cand.name)
         res.record("raised", FAIL, str(exc))
-        return _finish(res, set(), defn)
+        return _finish(res, set(), defn, "not reached")
     session = sessions[world]
-    result = _run_profile(session, defn, cand, profile, seed, opts)
+    result = _run_profile(session, defn, cand, src, profile, seed, opts)
     if session.broken:
         sessions.pop(world).close()
     return result
-
-
-# ---------------------------------------------------------------- command line (local spawn or torchrun)
-
-def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m kernelslot.verify.collective",
-        description="Verify a collective slot. Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set) every launched "
-                    "process is one rank; otherwise the referee spawns the ranks locally.")
-    p.add_argument("--slot", required=True, help="a collective slot, e.g. collective.all_reduce")
-    p.add_argument("--kernel", help="candidate entry: 'module:qualname' or '/path/file.py:qualname' "
-                                    "(default: the slot's built-in kernel)")
-    p.add_argument("--prepare", help="candidate prepare, same forms (slots with prepare)")
-    p.add_argument("--profile", action="append", help="profile name filter (repeatable), e.g. decode_batch.w2")
-    p.add_argument("--dtype", action="append", choices=["float32", "bfloat16"], help="dtype filter (repeatable)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--replays", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=30.0, help="per-call deadline in seconds")
-    p.add_argument("--world-size", type=int, action="append", help="local mode: group sizes to verify (default 2)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--spare-rank", action="store_true",
-                   help="torchrun mode: global rank 0 is the referee and stays outside the candidate's group "
-                        "(never runs candidate code; catches default-group use); the group is ranks 1..WORLD_SIZE-1")
-    return p.parse_args(argv)
-
-
-def _cli_candidate(a: argparse.Namespace, defn: SlotDef) -> Candidate:
-    if a.kernel is None:
-        return Candidate(defn.incumbent)
-    if defn.slot.needs_prepare and a.prepare is None:
-        raise SystemExit(f"{defn.name} needs --prepare as well as --kernel")
-    return Candidate(Kernel(a.kernel, a.prepare, name=a.kernel))  # reference strings: loaded by the ranks only
-
-
-def _print(result: ProfileResult, out: Any = sys.stdout) -> None:
-    first = result.first_failure()
-    why = f": {first.name}: {first.message.splitlines()[0]}" if first else ""
-    metrics = " ".join(f"{k}={v:.4g}" for k, v in result.metrics.items())
-    print(f"{result.status.upper():4} {result.slot} {result.profile}[{result.dtype}] seed={result.seed} {metrics}{why}",
-          file=out, flush=True)
-
-
-def _torchrun(a: argparse.Namespace, defn: SlotDef, cand: Candidate, opts: VerifyOptions) -> int:
-    from kernelslot.verify.collective_worker import forbid_group_creation, run_job
-
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device(a.device)
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    timeout = timedelta(seconds=3 * a.timeout + 30)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", timeout=timeout)
-    results_group = dist.new_group(backend="gloo", timeout=timeout)  # the referee's channel, never the candidate's
-    members = list(range(1 if a.spare_rank else 0, world))
-    group = dist.new_group(ranks=members, timeout=timeout)
-    forbid_group_creation()
-    profiles = [p for p in select_profiles(defn, opts, None) if world_of(p) == len(members)]
-    if not profiles:
-        if rank == 0:
-            worlds = sorted({world_of(p) for p in defn.profiles})
-            print(f"no {defn.name} profile for a group of {len(members)} ranks (profiles exist for {worlds}; "
-                  "adjust --nproc-per-node/--nnodes or --spare-rank)", file=sys.stderr)
-        return 2
-
-    def relay(msg: Any) -> None:  # no parent process here: speak up at once, so a rank torchrun kills is heard
-        if isinstance(msg, tuple) and msg[0] == "stalled":
-            print(f"FAIL rank {dist.get_rank(group)}: timeout: no result within {a.timeout:g} s; {stuck_where(msg[3])}",
-                  file=sys.stderr, flush=True)
-            os._exit(124)
-        for check, message in msg.failures:
-            print(f"FAIL rank {msg.rank}: {check}: {message.splitlines()[0]}", file=sys.stderr, flush=True)
-        reports.append(msg)
-
-    ok, kernels = True, {}
-    for profile in profiles:
-        for seed in opts.seeds:
-            # only the referee (global rank 0) computes references
-            judge = _Judge(defn, cand.name, kernel_ref(cand.kernel), profile, seed, opts, a.timeout, rank == 0)
-            reports: list[Any] = []
-            if rank in members:
-                group_rank = dist.get_rank(group)
-                run_job(judge.jobs[group_rank], group_rank, group, device, relay, kernels)
-            gathered: list[Any] = [None] * world if rank == 0 else []
-            dist.gather_object(reports, gathered if rank == 0 else None, dst=0, group=results_group)
-            if rank == 0:
-                every = [rep for per_rank in gathered for rep in per_rank]
-                for rep in every:
-                    judge.on_report(rep)
-                finished = {rep.rank for rep in every if rep.call == judge.calls - 1}
-                unfinished = [f"rank {r}: stopped before the last call" for r in range(len(members)) if r not in finished]
-                result = judge.finish(unfinished if not judge.result.failures() else ())
-                ok &= result.passed
-                _print(result)
-    return 0 if ok else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m kernelslot.verify.collective``: exit 0 when every selected profile passes."""
-    from kernelslot.slots import get_slot
-
-    a = _parse(argv)
-    defn = get_slot(a.slot)
-    if defn.slot.kind is not SlotKind.COLLECTIVE:
-        raise SystemExit(f"{a.slot} is not a collective slot; use `kernelslot verify`")
-    dtypes = tuple(getattr(torch, d) for d in a.dtype) if a.dtype else None
-    opts = VerifyOptions(device=a.device, dtypes=dtypes, seeds=tuple(a.seeds), replays=a.replays,
-                         profiles=tuple(a.profile) if a.profile else None,
-                         world_sizes=tuple(a.world_size) if a.world_size else (2,), collective_timeout_s=a.timeout)
-    cand = _cli_candidate(a, defn)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return _torchrun(a, defn, cand, opts)
-    report = verify_collective(defn, cand, opts, progress=_print)
-    for err in report.errors:
-        print(f"ERROR {err}", file=sys.stderr)
-    return 0 if report.passed else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

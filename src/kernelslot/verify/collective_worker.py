@@ -1,137 +1,74 @@
-"""One rank of a collective verification: load the candidate, run its calls, make the ABI checks.
+"""One rank of a local collective verification: the candidate's code and a minimal call loop, nothing else.
 
-A rank receives a :class:`RankJob` (its own inputs for every call, its prepare arguments, the
-output specs and a :class:`KernelRef`), and for each call: refills the live inputs in place with
-the call's values, poisons the outputs, calls ``entry`` with the supplied ``group`` through
-:class:`~kernelslot.verify.runner.InProcessRunner`, and makes the per-call checks of
-:mod:`kernelslot.verify.checks` *where the call ran* (input mutation, returned value, storage
-swaps, aliasing, poison left, canary, retention). It sends back plain data: the failed checks
-and a CPU copy of every output. It never sees a reference or a comparator; the referee compares.
+Run as ``python -m kernelslot.verify.collective_worker`` by the referee
+(:mod:`kernelslot.verify.collective_session`), one process per rank, in its own session, connected
+by an inherited Unix socket that speaks :mod:`kernelslot.verify.collective_wire` (JSON frames plus
+file descriptors; never pickle). The rank joins the default group and the candidate's group, then
+answers frames:
 
-A watchdog thread reports where the rank is stuck (its main thread's Python stack) when a call
-overruns ``stall_after_s``, so a hang is attributed to the rank whose code is stuck.
+* ``{"op": "job", "kernel", "storages", "prepare_args", "stall_after_s"}`` (storage fds attached):
+  map the referee's shared storages, load the candidate with the bundle loader
+  (:func:`kernelslot.bundle.loader.resolve_callables`, once per source) and run ``prepare`` when
+  the job has prepare arguments; reply ``{"op": "prepared", "error", "cause"}``;
+* ``{"op": "call", "seq", "args", "storages", "graph"}``: call ``entry`` with the described
+  arguments (the group in the GROUP position) and reply what was observed *where the call ran*:
+  ``{"op": "called", "seq", "returned", "error", "cause", "meta", "retained", "worker_ns"}``.
+  ``graph`` (CUDA only): ``"capture"`` captures the call in a CUDA graph (and replays it once),
+  ``"replay"`` replays the captured graph;
+* ``{"op": "release", "seq", "keys"}`` drops storages and ends the job (reply ``{"op": "released",
+  "seq"}``); ``{"op": "stop"}`` ends the process.
 
-Run as ``python -m kernelslot.verify.collective_worker`` by :mod:`kernelslot.verify.collective`
-(the local spawner): one process per rank, connected to the referee by an inherited socket.
+No check is made here and no reference or comparator is ever here: the referee refills the
+inputs, poisons the outputs and checks everything from shared memory itself, so a candidate that
+patches this module, or writes its own frames on the socket, changes at most what an observation
+claims (its identity report, its return value), never what the referee reads from the tensors.
+A watchdog thread sends ``{"op": "stalled", "seq", "stack"}`` (the main thread's stack) when a
+call overruns ``stall_after_s``, so a hang is attributed to the rank whose code is stuck.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
+import gc
 import os
-import pickle
+import socket
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from datetime import timedelta
-from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from kernelslot.abi import OutputSpec, Role, allocate_output
-from kernelslot.slots.base import Kernel
-from kernelslot.verify.checks import check_call, check_inputs, snapshot
-from kernelslot.verify.pipeline import _CALL_CHECKS, tensors_in, to_device
-from kernelslot.verify.report import ProfileResult
-from kernelslot.verify.runner import InProcessRunner, RunnerError, TensorMeta
+from kernelslot.verify.collective_wire import WireError, map_storage, recv_frame, send_frame
 
-__all__ = ["KernelRef", "RankJob", "CallReport", "load_kernel", "run_job", "stuck_where", "send_obj", "recv_obj"]
+__all__ = ["init_rank", "forbid_group_creation", "main"]
+
+_clock = time.perf_counter_ns
 
 
-def send_obj(conn: Connection, obj: Any) -> None:
-    """Send with plain pickle: tensors travel by value (multiprocessing's pickler would share them by fd)."""
-    conn.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+def _short_repr(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__
+        text = f"<{type(value).__name__}>"
+    return text if len(text) < 80 else text[:77] + "..."
 
 
-def recv_obj(conn: Connection) -> Any:
-    return pickle.loads(conn.recv_bytes())
+def _identity(t: torch.Tensor) -> tuple:
+    s = t.untyped_storage()
+    return (t.data_ptr(), s.data_ptr(), s.nbytes(), tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype))
 
 
-@dataclass(frozen=True)
-class KernelRef:
-    """How a rank imports the candidate: ``"package.module:qualname"`` or ``"/path/file.py:qualname"``."""
-
-    entry: str
-    prepare: str | None = None
-    name: str = ""
-
-
-@dataclass
-class RankJob:
-    """One profile × seed as one rank sees it."""
-
-    label: str  # profile label, for messages
-    kernel: KernelRef
-    args: list[tuple[str, str]]  # the slot's (name, role) in call order
-    calls: list[dict[str, Any]]  # this rank's inputs for call 0, 1, ... (replays)
-    live: tuple[str, ...]  # inputs refreshed in place on replays
-    prepare_args: tuple
-    outputs: dict[str, OutputSpec]
-    stall_after_s: float
-
-
-@dataclass
-class CallReport:
-    """What a rank observed for one call (``call = -1``: load or prepare)."""
-
-    rank: int
-    call: int
-    failures: list[tuple[str, str]] = field(default_factory=list)  # (check name, message)
-    outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # CPU copies, only when comparable
-    performed: list[str] = field(default_factory=list)
-    elapsed_s: float = 0.0
-
-
-def _resolve(ref: str) -> Callable[..., Any]:
-    target, _, qualname = ref.rpartition(":")
-    if not target or not qualname:
-        raise ValueError(f"kernel reference {ref!r}: expected 'module:qualname' or '/path/file.py:qualname'")
-    if target.endswith(".py"):
-        name = "kernelslot_candidate_" + format(abs(hash(os.path.abspath(target))), "x")
-        module = sys.modules.get(name)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(name, target)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot load candidate source {target}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def load_kernel(ref: KernelRef) -> Kernel:
-    """Import the candidate's entry (and prepare) in this process."""
-    return Kernel(_resolve(ref.entry), _resolve(ref.prepare) if ref.prepare else None, ref.name or ref.entry)
-
-
-def stuck_where(frame_stack: str | None) -> str:
-    """A one-line summary of a stack dump: the innermost candidate frame and any torch.distributed call."""
-    if not frame_stack:
-        return "no stack (the rank never answered)"
-    frames = [ln.strip() for ln in frame_stack.splitlines() if ln.strip().startswith("File ")]
-    in_dist = [f for f in frames if f"torch{os.sep}distributed" in f]
-    own = [f for f in frames if f"kernelslot{os.sep}verify" not in f and "site-packages" not in f and "/lib/python" not in f]
-    parts = []
-    if own:
-        parts.append("in candidate code at " + own[-1].removeprefix("File "))
-    if in_dist:
-        func = in_dist[-1].rsplit(" in ", 1)[-1]
-        parts.append(f"waiting inside torch.distributed ({func})")
-    return "; ".join(parts) or "stack: " + (frames[-1] if frames else "unknown")
+def _use_count(t: torch.Tensor) -> int:
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
 class _Watchdog:
-    """Reports the main thread's stack once if a call overruns."""
+    """Sends the main thread's stack once if a call overruns."""
 
     def __init__(self, report: Callable[[str], None], after_s: float):
         self._report, self._after = report, after_s
@@ -153,86 +90,143 @@ class _Watchdog:
         self._report("".join(traceback.format_stack(frame)) if frame is not None else "")
 
 
-def _args(job: RankJob, inputs: dict[str, Any], outputs: dict, prepared: Any, group: Any) -> list[Any]:
-    values = []
-    for name, role in job.args:
-        if role in (Role.INPUT.value, Role.SCALAR.value):
-            values.append(inputs[name])
-        elif role == Role.OUTPUT.value:
-            values.append(outputs[name].view if name in outputs else None)
-        elif role == Role.PREPARED.value:
-            values.append(prepared)
-        else:
-            values.append(group)
-    return values
+class _Rank:
+    """The call loop's state: mapped storages, loaded kernels, the current job's prepared object."""
 
+    def __init__(self, sock: socket.socket, group: Any, device: torch.device):
+        self.sock, self.group, self.device = sock, group, device
+        self.lock = threading.Lock()
+        self.storages: dict[int, torch.UntypedStorage] = {}
+        self.kernels: dict[tuple, tuple[Callable, Callable | None]] = {}
+        self.entry: Callable | None = None
+        self.prepared: Any = None
+        self.stall_after_s = 30.0
+        self.graph: Any = None
 
-def run_job(job: RankJob, rank: int, group: Any, device: torch.device, send: Callable[[Any], None],
-            kernels: dict[KernelRef, Kernel]) -> bool:
-    """Run every call of ``job`` on this rank, sending one :class:`CallReport` per call.
+    def send(self, obj: dict) -> None:
+        with self.lock:
+            send_frame(self.sock, obj)
 
-    ``send`` also receives ``("stalled", rank, call, stack)`` from the watchdog. A call whose checks
-    failed but which returned keeps the ranks in step, so the remaining calls still run; the job
-    stops (returns False) after a load/prepare failure or a call that raised.
-    """
-    head = CallReport(rank, -1)
-    try:
-        kernel = kernels.get(job.kernel) or kernels.setdefault(job.kernel, load_kernel(job.kernel))
-    except Exception:
-        head.failures.append(("raised", f"could not load the candidate {job.kernel.entry}:\n" + traceback.format_exc(limit=4)))
-        send(head)
-        return False
-    runner = InProcessRunner()
-    inputs = to_device(job.calls[0], device)
-    prepare_args = to_device(job.prepare_args, device)
-    prep_snap = snapshot(tensors_in(prepare_args))
-    prepared = None
+    def register(self, entries: list, fds: list[int]) -> None:
+        cpu_fds = iter(fds)  # one descriptor per CPU storage, in order
+        for entry in entries:
+            fd = next(cpu_fds, None) if entry["kind"] == "cpu" else None
+            if entry["kind"] == "cpu" and fd is None:
+                raise WireError("a CPU storage arrived without its file descriptor")
+            self.storages[int(entry["key"])] = map_storage(entry, fd, self.device)
 
-    def stall(call: int) -> Callable[[str], None]:
-        return lambda stack: send(("stalled", rank, call, stack))
+    def value(self, desc: dict) -> Any:
+        if "t" in desc:
+            storage = self.storages[int(desc["t"])]
+            view = torch.empty(0, dtype=getattr(torch, desc["dtype"]), device=storage.device)
+            return view.set_(storage, int(desc["offset"]), tuple(desc["shape"]), tuple(desc["stride"]))
+        if desc.get("prepared"):
+            return self.prepared
+        if desc.get("group"):
+            return self.group
+        if "none" in desc:
+            return None
+        return desc["v"]
 
-    if any(role == Role.PREPARED.value for _, role in job.args):
+    def locate(self, storage_ptr: int) -> int | None:
+        return next((k for k, s in self.storages.items() if s.data_ptr() == storage_ptr), None)
+
+    # -- requests ----------------------------------------------------------------------------
+    def job(self, msg: dict, fds: list[int]) -> dict:
+        self.entry = self.prepared = self.graph = None
+        self.stall_after_s = float(msg["stall_after_s"])
         try:
-            with _Watchdog(stall(-1), job.stall_after_s):
-                prepared = runner.prepare(kernel, prepare_args)
-        except RunnerError as exc:
-            head.failures.append(("prepare", str(exc)))
-            send(head)
-            return False
-        scratch = ProfileResult("", job.label, "", "", 0, kernel.name)
-        if not check_inputs(scratch, tensors_in(prepare_args), prep_snap, "prepare(): "):
-            head.failures += [(c.name, c.message) for c in scratch.failures()]
-            send(head)
-            return False
-        head.performed.append("prepare")
-    send(head)
-    outputs = {n: allocate_output(spec, device) for n, spec in job.outputs.items() if spec is not None}
-    values = _args(job, inputs, outputs, prepared, group)
-    names = [n for n, _ in job.args]
-    for call, fresh in enumerate(job.calls):
-        label = f"replay {call}: " if call else ""
-        if call:
-            for name in job.live:
-                inputs[name].copy_(fresh[name])  # same storage, fresh values
-        in_snap = snapshot(inputs)
-        for alloc in outputs.values():
-            alloc.poison(finite=call == 1)  # as the pipeline: the first replay uses a finite sentinel, the others NaN
-        out_meta = {n: TensorMeta.of(a.view) for n, a in outputs.items()}
-        with _Watchdog(stall(call), job.stall_after_s):
-            obs = runner.call(kernel, values)
-        scratch = ProfileResult("", job.label, "", "", 0, kernel.name)
-        check_inputs(scratch, inputs, in_snap, label)
-        check_inputs(scratch, tensors_in(prepare_args), prep_snap, label + "weights: ")
-        usable = check_call(scratch, obs, names, list(outputs), outputs, out_meta,
-                            {k: m for k, (_, m) in in_snap.items()}, label)
-        report = CallReport(rank, call, [(c.name, c.message) for c in scratch.failures()], performed=list(_CALL_CHECKS),
-                            elapsed_s=obs.elapsed_s)
-        if usable:
-            report.outputs = {n: a.view.detach().cpu().clone() for n, a in outputs.items()}
-        send(report)
-        if obs.error:  # peers may now wait for this rank in a collective: the referee ends the session
-            return False
-    return True
+            self.register(msg.get("storages", []), fds)
+            src = msg["kernel"]
+            key = (src["entry"], src.get("prepare"), src.get("file"), src.get("module"))
+            if key not in self.kernels:
+                from kernelslot.bundle.loader import resolve_callables
+                from kernelslot.slots.base import KernelSource
+
+                self.kernels[key] = resolve_callables(KernelSource(*key))
+            self.entry, prepare = self.kernels[key]
+        except BaseException:  # noqa: BLE001 - import-time failures of candidate code are reported
+            return {"op": "prepared", "error": traceback.format_exc(limit=6), "cause": "load_failed"}
+        if msg.get("prepare_args") is None:
+            return {"op": "prepared", "error": None}
+        if prepare is None:
+            return {"op": "prepared", "error": "the slot needs prepare() but the kernel has none", "cause": "load_failed"}
+        args = [self.value(d) for d in msg["prepare_args"]]
+        try:
+            with _Watchdog(self._stalled(-1), self.stall_after_s):
+                self.prepared = prepare(*args)
+        except BaseException:  # noqa: BLE001 - SystemExit from candidate code is contained too
+            return {"op": "prepared", "error": traceback.format_exc(limit=8), "cause": "exception"}
+        return {"op": "prepared", "error": None}
+
+    def _stalled(self, seq: int) -> Callable[[str], None]:
+        return lambda stack: self.send({"op": "stalled", "seq": seq, "stack": stack})
+
+    def call(self, msg: dict, fds: list[int]) -> dict:
+        seq = int(msg["seq"])
+        self.register(msg.get("storages", []), fds)
+        args = [self.value(d) for d in msg["args"]]
+        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        before = {i: _identity(t) for i, t in tensors}
+        uses = {i: _use_count(t) for i, t in tensors}
+        reply: dict[str, Any] = {"op": "called", "seq": seq, "returned": None, "error": None}
+        start = _clock()
+        try:
+            with _Watchdog(self._stalled(seq), self.stall_after_s):
+                result = self._run(args, msg.get("graph"))
+            if result is not None:
+                reply["returned"] = _short_repr(result)
+            del result
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        except BaseException:  # noqa: BLE001 - SystemExit from candidate code is contained too
+            reply.update(error=traceback.format_exc(limit=8), cause="exception")
+        reply["worker_ns"] = _clock() - start
+        meta: list[Any] = [None] * len(args)
+        for i, t in tensors:
+            now = _identity(t)
+            if now == before[i]:
+                meta[i] = "same"
+                continue
+            key = self.locate(now[1])
+            base = self.storages[key].data_ptr() if key is not None else now[1]
+            meta[i] = {"key": key, "data_delta": now[0] - base, "storage_delta": now[1] - base, "nbytes": now[2],
+                       "shape": list(now[3]), "stride": list(now[4]), "offset": now[5], "dtype": now[6]}
+        reply["meta"] = meta
+        del args
+        retained = [i for i, t in tensors if _use_count(t) > uses[i]]
+        if retained:  # a reference cycle may still hold a view: collect, then look again
+            gc.collect()
+            retained = [i for i, t in tensors if _use_count(t) > uses[i]]
+        reply["retained"] = retained
+        return reply
+
+    def _run(self, args: list, graph: str | None) -> Any:
+        assert self.entry is not None
+        if graph is None:
+            return self.entry(*args)
+        if graph == "capture":  # CUDA only: NCCL collectives are capturable on the capturing stream
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                self.entry(*args)  # warm-up outside the capture (NCCL communicator set-up, lazy init)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                result = self.entry(*args)
+            self.graph.replay()
+            return result
+        if self.graph is None:
+            raise RuntimeError("graph replay requested before a capture")
+        self.graph.replay()
+        return None
+
+    def release(self, msg: dict) -> dict:
+        """Drop storages; the reply closes the job, so a stray frame written by the candidate shows up now."""
+        for key in msg.get("keys", []):
+            self.storages.pop(int(key), None)
+        self.entry = self.prepared = self.graph = None
+        return {"op": "released", "seq": int(msg["seq"])}
 
 
 def init_rank(rank: int, world: int, group_ranks: list[int], backend: str, store: dist.Store | None,
@@ -272,14 +266,8 @@ def forbid_group_creation() -> None:
                 setattr(module, name, forbidden(name))
 
 
-def _serve(conn: Connection, rank: int, world: int, spare: bool, backend: str, device_kind: str,
+def _serve(sock: socket.socket, rank: int, world: int, spare: bool, backend: str, device_kind: str,
            store_port: int, timeout_s: float) -> None:
-    lock = threading.Lock()
-
-    def send(msg: Any) -> None:
-        with lock:
-            send_obj(conn, msg)
-
     device = torch.device("cpu")
     if device_kind == "cuda":  # group rank r on GPU r (mod the count); the spare shares GPU 0
         member = rank - 1 if spare and rank > 0 else rank
@@ -287,15 +275,21 @@ def _serve(conn: Connection, rank: int, world: int, spare: bool, backend: str, d
         torch.cuda.set_device(device)
     store = dist.TCPStore("127.0.0.1", store_port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
     group = init_rank(rank, world, list(range(1 if spare else 0, world)), backend, store, timeout_s)
-    send(("ready", rank, os.getpid()))
-    kernels: dict[KernelRef, Kernel] = {}
+    state = _Rank(sock, group, device)
+    state.send({"op": "ready", "pid": os.getpid()})
     while True:
-        msg = recv_obj(conn)
-        if msg == "stop":
+        msg, fds = recv_frame(sock, with_fds=True)
+        op = msg.get("op")
+        if op == "stop":
             return
-        if spare and rank == 0:  # the spare rank: in the world, never in the candidate's group
-            continue
-        run_job(msg, dist.get_rank(group), group, device, send, kernels)
+        if op == "job":
+            state.send({**state.job(msg, fds), "seq": msg.get("seq")})
+        elif op == "call":
+            state.send(state.call(msg, fds))
+        elif op == "release":
+            state.send(state.release(msg))
+        else:
+            raise WireError(f"unknown op {op!r}")
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -316,14 +310,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--store-port", type=int, required=True)
     parser.add_argument("--timeout", type=float, required=True)
     a = parser.parse_args(argv)
-    conn = Connection(a.fd)
+    sock = socket.socket(fileno=a.fd)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     code = 0
     try:
-        _serve(conn, a.rank, a.world, a.spare, a.backend, a.device, a.store_port, a.timeout)
-    except (EOFError, BrokenPipeError):
-        pass  # the referee went away: nothing left to report to
-    except BaseException:  # noqa: BLE001 - a candidate's sys.exit included; the referee reads stderr
+        _serve(sock, a.rank, a.world, a.spare, a.backend, a.device, a.store_port, a.timeout)
+    except WireError as exc:
+        if not exc.eof:  # the referee went away: nothing left to report to
+            traceback.print_exc()
+            code = 1
+    except BaseException:  # noqa: BLE001 - a candidate's sys.exit included; the referee reads the log
         traceback.print_exc()
         code = 1
     finally:
@@ -333,7 +329,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    # run from the importable module, so that pickled reports name kernelslot.verify.collective_worker classes
-    from kernelslot.verify.collective_worker import main as _main
-
-    _main()
+    main()
