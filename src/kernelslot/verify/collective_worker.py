@@ -42,25 +42,11 @@ import torch
 import torch.distributed as dist
 
 from kernelslot.verify.collective_wire import WireError, map_storage, recv_frame, send_frame
+from kernelslot.verify.worker_main import _identity, _short_repr  # the single-device worker's own observation helpers
 
 __all__ = ["init_rank", "forbid_group_creation", "main"]
 
 _clock = time.perf_counter_ns
-
-
-def _short_repr(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"Tensor(shape={tuple(value.shape)}, dtype={value.dtype})"
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - a hostile __repr__
-        text = f"<{type(value).__name__}>"
-    return text if len(text) < 80 else text[:77] + "..."
-
-
-def _identity(t: torch.Tensor) -> tuple:
-    s = t.untyped_storage()
-    return (t.data_ptr(), s.data_ptr(), s.nbytes(), tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype))
 
 
 def _use_count(t: torch.Tensor) -> int:
