@@ -3,6 +3,7 @@
 ``kernelslot slots``            the catalog: signatures, comparators, profiles
 ``kernelslot scan BUNDLE``      manifest and static checks only (no candidate code runs)
 ``kernelslot verify [BUNDLE]``  the referee; with no bundle, the built-in kernels of every slot
+``kernelslot e2e [BUNDLE] --model M``  end-to-end qualification inside a transformers model (engines/cli.py)
 
 Exit status: 0 when everything passed, 1 when a verification failed, 2 for bad input.
 """
@@ -203,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--store", metavar="FILE", help="append receipts to this SQLite database")
     v.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     v.set_defaults(func=_cmd_verify)
+    from kernelslot.engines.cli import add_parser as add_e2e_parser
+
+    add_e2e_parser(sub)
     return p
 
 

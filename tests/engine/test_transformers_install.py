@@ -1,0 +1,189 @@
+"""kernelslot inside transformers: registration, install, receipts, re-prepare, layouts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernelslot.engines.transformers import NotVerifiedError, install, register
+from kernelslot.engines.transformers.experts import BUILTIN, MODEL_CODE, ExpertsState
+from kernelslot.engines.transformers.installation import experts_modules
+from kernelslot.engines.transformers.layout import expert_weights, probe_activation
+from kernelslot.engines.transformers.models import MODEL_CLASSES, build_model
+from kernelslot.kernels.moe_block import ExpertActivation
+
+from tests.engine.conftest import BUNDLES, logits_of, prompts
+
+
+def _receipts(handle, slot="moe.fused_experts"):
+    return handle.receipts()[slot]
+
+
+def _installed_run(model, ids, **kwargs):
+    """Logits of ``model`` with kernelslot installed, and the receipts; uninstalled afterwards."""
+    handle = install(model, **kwargs)
+    got = logits_of(model, ids)
+    r = _receipts(handle)
+    handle.uninstall()
+    return got, r
+
+
+@pytest.mark.parametrize("name", MODEL_CLASSES)
+def test_fp32_parity_with_receipts_and_no_fallback(name: str) -> None:
+    model = build_model(name)
+    ids = prompts(model.config.vocab_size)
+    want = logits_of(model, ids)
+    got, r = _installed_run(model, ids)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    assert want.std() > 0.1
+    layers = len(experts_modules(model))
+    assert r[BUILTIN]["fired"] == r[BUILTIN]["completed"] == 4 * layers  # prefill + 3 decode steps per layer
+    assert r[BUILTIN]["fired_decode"] == 3 * layers
+    assert r[BUILTIN]["fallback"] == 0 and r[MODEL_CODE]["fired"] == 0
+    assert model.config._experts_implementation == "eager"
+    torch.testing.assert_close(logits_of(model, ids), want, atol=0, rtol=0)  # uninstalled: the model's own code
+
+
+def test_register_then_select_by_name_at_load_and_at_run_time() -> None:
+    register()
+    eager = build_model("mixtral")
+    ids = prompts(eager.config.vocab_size)
+    want = logits_of(eager, ids)
+    loaded = build_model("mixtral", experts_implementation="kernelslot")  # the name alone, at load
+    torch.testing.assert_close(logits_of(loaded, ids), want, atol=2e-5, rtol=1e-5)
+    module = experts_modules(loaded)[0][1]
+    state = module._kernelslot_experts  # prepared lazily on the first call, then reused
+    assert isinstance(state, ExpertsState) and state.receipts[BUILTIN].fired == 4
+    loaded.set_experts_implementation("eager")  # run-time switch back: kernelslot no longer called
+    logits_of(loaded, ids)
+    assert state.receipts[BUILTIN].fired == 4
+    loaded.set_experts_implementation("kernelslot")
+    torch.testing.assert_close(logits_of(loaded, ids), want, atol=2e-5, rtol=1e-5)
+    assert module._kernelslot_experts is state and state.receipts[BUILTIN].fired == 8
+
+
+def test_attention_kernelslot_where_the_call_fits_sdpa() -> None:
+    model = build_model("qwen3-moe")
+    ids = prompts(model.config.vocab_size)
+    want = logits_of(model, ids)
+    handle = install(model, slots=("moe.fused_experts", "attention.sdpa"))
+    got = logits_of(model, ids)
+    r = handle.receipts()["attention.sdpa"]
+    handle.uninstall()
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    assert r[BUILTIN]["fired"] == r[BUILTIN]["completed"] == 2 * 4 and r[MODEL_CODE]["fired"] == 0
+    assert model.config._attn_implementation == "sdpa"
+    # a padded batch carries a mask tensor: outside the slot, transformers' sdpa serves it
+    handle = install(model, slots=("attention.sdpa",))
+    mask = torch.ones_like(ids)
+    mask[0, 0] = 0
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask)
+    r = handle.receipts()["attention.sdpa"]
+    handle.uninstall()
+    assert r[MODEL_CODE]["fired"] == 2 and r[BUILTIN]["fired"] == 0
+
+
+def test_activation_is_identified_by_probing() -> None:
+    gpt = build_model("gpt-oss")
+    gpt.config.swiglu_limit = 5.0
+    for _, m in experts_modules(gpt):
+        m.alpha, m.limit = 1.5, 5.0
+    assert probe_activation(experts_modules(gpt)[0][1]) == ExpertActivation.swigluoai(1.5, 5.0)
+    mm3 = experts_modules(build_model("minimax-m3"))[0][1]
+    assert probe_activation(mm3) == ExpertActivation.swigluoai(1.702, 7.0)
+    assert probe_activation(experts_modules(build_model("qwen3-moe"))[0][1]) == ExpertActivation("silu")
+    # an activation no kernel expresses: the module's own code serves it, counted as such
+    relu = build_model("qwen3-moe")
+    for _, m in experts_modules(relu):
+        m.act_fn = torch.nn.ReLU()
+    assert probe_activation(experts_modules(relu)[0][1]) is None
+    ids = prompts(relu.config.vocab_size)
+    want = logits_of(relu, ids)
+    handle = install(relu)
+    torch.testing.assert_close(logits_of(relu, ids), want, atol=0, rtol=0)
+    r = _receipts(handle)
+    assert r[BUILTIN]["fired"] == 0 and r[MODEL_CODE]["fired"] == 8
+
+
+def test_gpt_oss_layout_transposed_interleaved_with_biases() -> None:
+    module = experts_modules(build_model("gpt-oss"))[0][1]
+    assert module.is_transposed and not module.is_concatenated and module.has_bias
+    w = expert_weights(module)
+    e, h, two_i = module.gate_up_proj.shape
+    assert tuple(w.gate_up.shape) == (e, two_i, h) and tuple(w.down.shape) == (e, h, two_i // 2)
+    x = torch.randn(3, h)
+    gu = x @ module.gate_up_proj[1] + module.gate_up_proj_bias[1]  # the module's own convention
+    ours = x @ w.gate_up[1].T + w.gate_up_bias[1]
+    torch.testing.assert_close(ours[:, : two_i // 2], gu[:, 0::2])  # gate rows first
+    torch.testing.assert_close(ours[:, two_i // 2:], gu[:, 1::2])
+    assert module.down_proj_bias.abs().max() > 0 and torch.equal(w.down_bias, module.down_proj_bias.float())
+    ids = torch.tensor([[1, 2], [0, 3], [3, 1]])
+    wts = torch.rand(3, 2)
+    with torch.no_grad():
+        want = type(module).forward.__wrapped__(module, x, ids, wts)
+        got = ExpertsState(module)(module, x, ids, wts)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_expert_parallel_placeholder_ids_contribute_nothing() -> None:
+    module = experts_modules(build_model("qwen3-moe"))[0][1]
+    e = module.num_experts
+    x = torch.randn(4, module.gate_up_proj.shape[2])
+    ids = torch.tensor([[0, e], [e, e], [3, 1], [e + 5, 2]])  # EP sentinels are >= num_experts
+    wts = torch.rand(4, 2)
+    state = ExpertsState(module)
+    with torch.no_grad():
+        got = state(module, x, ids, wts)
+        keep = ids < e
+        want = type(module).forward.__wrapped__(module, x, torch.where(keep, ids, 0), wts * keep)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert got[1].abs().max() == 0
+
+
+@pytest.mark.parametrize("change", ["load_state_dict", "to", "in_place"])
+def test_reprepared_when_weights_change(change: str) -> None:
+    model = build_model("qwen3-moe")
+    ids = prompts(model.config.vocab_size)
+    handle = install(model)
+    state = next(iter(handle.states.values()))
+    before = state.key
+    if change == "load_state_dict":
+        other = build_model("qwen3-moe", seed=7)
+        model.load_state_dict(other.state_dict())
+        assert state.key != before  # re-prepared eagerly by the load hook
+    elif change == "to":
+        model.to(torch.float64)
+        other = build_model("qwen3-moe").to(torch.float64)
+    else:
+        other = build_model("qwen3-moe")
+        with torch.no_grad():
+            for m in (model, other):
+                for _, ex in experts_modules(m):
+                    ex.down_proj.mul_(-2.0)
+    got = logits_of(model, ids)
+    assert state.key != before
+    handle.uninstall()
+    torch.testing.assert_close(got.double(), logits_of(other, ids).double(), atol=5e-5, rtol=1e-5)
+
+
+def test_bundle_needs_a_passing_receipt_unless_overridden(tmp_path) -> None:
+    model = build_model("qwen3-moe")
+    with pytest.raises(NotVerifiedError, match="no passing verify receipt"):
+        install(model, bundle=BUNDLES / "honest_experts", store=str(tmp_path / "empty.sqlite"))
+    assert model.config._experts_implementation == "eager"
+    ids = prompts(model.config.vocab_size)
+    want = logits_of(model, ids)
+    got, r = _installed_run(model, ids, bundle=BUNDLES / "honest_experts", trust_unverified=True)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    silu = "engines-honest-experts:moe.fused_experts[silu]"
+    assert r[silu]["fired"] == r[silu]["completed"] == 8 and r[silu]["fired_decode"] == 6
+    assert r[BUILTIN]["fired"] == 0 and r[silu]["fallback"] == 0
+
+
+def test_gpt_oss_bundle_call_folds_biases_losslessly() -> None:
+    model = build_model("gpt-oss")
+    ids = prompts(model.config.vocab_size)
+    want = logits_of(model, ids)
+    got, r = _installed_run(model, ids, bundle=BUNDLES / "honest_experts", trust_unverified=True)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    assert r["engines-honest-experts:moe.fused_experts[swigluoai]"]["fired"] == 8
