@@ -109,6 +109,10 @@ CHEATS = [
     ("collective_own_group", "decode_batch.w2", 30.0, [("raised", 0, "new_group() called by the candidate")]),
     ("collective_rank_raises", "decode_batch.w2", 30.0, [("raised", 1, "cheat: rank 1 gives up")]),
     ("collective_rank_exits", "decode_batch.w2", 30.0, [("raised", 1, "exited with code 7")]),
+    ("collective_patches_checks", "decode_batch.w2", 30.0, [("poison_left", 0, "never written"), ("poison_left", 1, "never written")]),
+    ("collective_forges_reply", "decode_batch.w2", 30.0,
+     [("poison_left", 0, "never written"), ("raised", None, "protocol: expected the 'called' reply")]),
+    ("collective_pickle_reply", "decode_batch.w2", 30.0, [("raised", None, "protocol: on its reply channel, a frame is not UTF-8 JSON")]),
     ("collective_default_group", "decode_batch.w2", SHORT_DEADLINE,
      [("raised", 0, "waiting inside torch.distributed (all_reduce)"), ("raised", 1, "waiting inside torch.distributed"),
       ("raised", None, "a collective over a group other than the supplied one")]),
@@ -125,6 +129,9 @@ def test_collective_cheat_fails_with_rank_and_reason(name, profile, deadline, ex
     if 2 not in sessions:
         sessions[2] = CollectiveSession(2, "cpu", deadline)  # started outside the timed region
     pids = [p.pid for p in sessions[2].procs]
+    marker = getattr(mod, "MARKER", None)  # a cheat that tries to run code in the referee
+    if marker and os.path.exists(marker):
+        os.remove(marker)
     start = time.perf_counter()
     report = verify_collective(get_slot(mod.SLOT), cand, opts, sessions=sessions)
     elapsed = time.perf_counter() - start
@@ -139,6 +146,7 @@ def test_collective_cheat_fails_with_rank_and_reason(name, profile, deadline, ex
         prefix = f"rank {rank}: " if rank is not None else ""
         assert any(c.name == check and c.message.startswith(prefix) and text in c.message for c in failures), \
             (check, rank, text, [(c.name, c.message[:200]) for c in failures])
+    assert not (marker and os.path.exists(marker)), "a rank's reply ran code in the referee"
     if deadline == SHORT_DEADLINE:  # reported at the deadline, not after a gloo timeout or never
         assert elapsed < deadline + 3.0, f"hang reported after {elapsed:.1f} s (deadline {deadline} s)"
         assf = [c for c in failures if "timeout" in c.message]

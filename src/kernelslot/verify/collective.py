@@ -442,3 +442,9 @@ def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: i
     if session.broken:
         sessions.pop(world).close()
     return result
+
+
+if __name__ == "__main__":  # python -m kernelslot.verify.collective: the command line lives in collective_cli
+    from kernelslot.verify.collective_cli import main
+
+    sys.exit(main())

@@ -237,7 +237,7 @@ class CollectiveSession:
                     msg = self._recv(rank + 1, end)
                 except WireError as exc:
                     self.broken = True
-                    why = self.exit_reason(rank + 1) if exc.eof else f"protocol: its reply channel carried {exc}"
+                    why = self.exit_reason(rank + 1) if exc.eof else f"protocol: on its reply channel, {exc}"
                     return replies, [f"rank {rank}: {why} (during {step})"]
                 if msg.get("op") == "stalled" and msg.get("seq") == seq:
                     stalls[rank] = str(msg.get("stack", ""))
