@@ -26,7 +26,7 @@ def test_lm_head_is_sharpened_to_the_stated_entropy() -> None:
         assert abs(_entropy(model(input_ids=ids).logits) - 1.0) < 1e-3
 
 
-@pytest.mark.parametrize("name", ["qwen3-moe", "gpt-oss"])
+@pytest.mark.parametrize("name", ["qwen3-moe", pytest.param("gpt-oss", marks=pytest.mark.slow)])
 def test_builtins_pass_fp32(name: str) -> None:
     r = run_e2e(name, "float32", **SMALL)
     assert r.passed, r.reasons
@@ -34,6 +34,7 @@ def test_builtins_pass_fp32(name: str) -> None:
     assert r.receipts["moe.fused_experts"]["builtin"]["fired_decode"] > 0
 
 
+@pytest.mark.slow
 def test_builtins_pass_bf16_against_the_stock_floor() -> None:
     r = run_e2e("minimax-m3", "bfloat16", **SMALL)
     assert r.passed, r.reasons

@@ -36,7 +36,7 @@ def test_requantisation_is_bit_exact_and_refuses_off_grid_weights() -> None:
         requantize_mxfp4(expert_weights(experts_modules(build_model("gpt-oss"))[0][1]))
 
 
-@pytest.mark.parametrize("how", ["explicit", "auto"])
+@pytest.mark.parametrize("how", ["explicit", pytest.param("auto", marks=pytest.mark.slow)])
 def test_native_mxfp4_serves_a_dequantised_checkpoint(how: str) -> None:
     model = _mxfp4_checkpoint(torch.float32)
     ids = prompts(model.config.vocab_size)

@@ -140,7 +140,7 @@ def test_expert_parallel_placeholder_ids_contribute_nothing() -> None:
     assert got[1].abs().max() == 0
 
 
-@pytest.mark.parametrize("change", ["load_state_dict", "to", "in_place"])
+@pytest.mark.parametrize("change", ["load_state_dict", pytest.param("to", marks=pytest.mark.slow), "in_place"])
 def test_reprepared_when_weights_change(change: str) -> None:
     model = build_model("qwen3-moe")
     ids = prompts(model.config.vocab_size)

@@ -57,7 +57,7 @@ def _minimax_m3(s: dict) -> Any:
                                 num_experts_per_tok=s["top_k"], num_hidden_layers=s["layers"],
                                 num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
                                 head_dim=s["head_dim"], vocab_size=s["vocab"], tie_word_embeddings=False,
-                                mlp_layer_types=["sparse"] * s["layers"])
+                                mlp_layer_types=["sparse"] * s["layers"], bos_token_id=None, eos_token_id=None)
     return MiniMaxM3VLForCausalLM, cfg
 
 
@@ -89,14 +89,20 @@ def build_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
     cfg._attn_implementation = attn_implementation or ("eager" if name == "gpt-oss" else "sdpa")
     cfg._experts_implementation = experts_implementation
     torch.manual_seed(seed)
-    model = cls(cfg).eval()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in the target dtype: no full fp32 copy at real widths
+    try:
+        model = cls(cfg).eval()
+    finally:
+        torch.set_default_dtype(previous)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if p.dim() == 1 and "norm" in pname or pname.endswith("layernorm.weight"):
                 continue  # norms keep their initialisation (1, or 0 for (1+w) norms)
-            p.copy_(torch.randn(p.shape, generator=gen) * weight_std)
+            for part in (p if p.dim() == 3 else p[None]):  # one expert at a time
+                part.copy_(torch.randn(part.shape, generator=gen) * weight_std)
         for b_name, b in model.named_buffers():
             if b_name.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn(b.shape, generator=gen) * 0.05)
-    return model.to(dtype)
+    return model
