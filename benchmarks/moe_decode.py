@@ -10,7 +10,14 @@ transformers' ``eager`` / ``batched_mm`` / ``grouped_mm`` experts on the same we
 rates (bytes over process CPU seconds per thread) for the native calls and the read probe. Routing is fresh and uniform every call; several layers'
 weights are rotated so the working set exceeds the LLC (see LAYERS below).
 
+With ``--peer-lib`` (built by benchmarks/peer_moe.sh from a ggml source tree outside this
+repository) every native call is interleaved with the same routed call on ggml's CPU backend
+(MUL_MAT_ID as llama.cpp runs it; MXFP8 is compared with ggml's q8_0, the closest 8-bit type)
+and the table adds the peer's GB/s and our speedup over it; the torch and transformers
+comparisons are skipped in that mode.
+
 Usage: python benchmarks/moe_decode.py [--quick] [--json FILE] [--iters N] [--threads N]
+       [--no-transformers] [--peer-lib PATH]
 """
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+
+import ctypes
 
 import torch
 
@@ -60,7 +69,15 @@ CASES = (
          "run (its bf16 copy would be 14.5 GB)", transformers=False),
     Case("MiniMax-M3", "bf16", 32, 6144, 3072, 4, 1, "32 of 128 experts (3.6 GB), 1 layer"),
 )
+# --quick: T = 1 and 8 for the four formats at the GPT-OSS-20B shape.
+QUICK_CASES = (
+    Case("GPT-OSS-20B", "mxfp4", 32, 2880, 2880, 4, 2, mx_path=True),
+    Case("GPT-OSS-20B", "nvfp4", 32, 2880, 2880, 4, 2),
+    Case("GPT-OSS-20B", "mxfp8", 32, 2880, 2880, 4, 1, mx_path=True),
+    Case("GPT-OSS-20B", "bf16", 32, 2880, 2880, 4, 1),
+)
 TOKENS = (1, 2, 4, 8, 16, 32)
+PEER_TYPES = {"mxfp4": 39, "nvfp4": 40, "mxfp8": 8, "bf16": 30}  # ggml types (mxfp8 -> q8_0)
 ACT = ExpertActivation("silu")
 BATCHED_MM_MAX_BYTES = 2 << 30  # batched_mm gathers one weight copy per (token, k) pair
 
@@ -73,6 +90,9 @@ def random_experts(c: Case, gen: torch.Generator) -> ExpertWeights:
         return torch.randint(lo, hi, shape, dtype=torch.uint8, generator=gen)
     if c.fmt == "mxfp4":
         return ExpertWeights("mxfp4", u8(E, 2 * I, H // 2), u8(E, H, I // 2),
+                             u8(E, 2 * I, H // 32, lo=118, hi=123), u8(E, H, I // 32, lo=118, hi=123))
+    if c.fmt == "mxfp8":
+        return ExpertWeights("mxfp8", u8(E, 2 * I, H), u8(E, H, I),
                              u8(E, 2 * I, H // 32, lo=118, hi=123), u8(E, H, I // 32, lo=118, hi=123))
     if c.fmt == "nvfp4":
         e4m3 = lambda *s: u8(*s, lo=0x30, hi=0x48).view(torch.float8_e4m3fn)  # 2^-1 .. 2^1
@@ -150,21 +170,57 @@ def transformers_experts(weights: ExpertWeights, c: Case):
     return mod
 
 
+class Peer:
+    """ggml's CPU backend on the same case (benchmarks/peer/ggml_moe_peer.c via ctypes)."""
+
+    def __init__(self, lib_path: str, c: Case, threads: int):
+        lib = ctypes.CDLL(lib_path)
+        lib.peer_new.restype = ctypes.c_void_p
+        lib.peer_new.argtypes = [ctypes.c_int] * 6 + [ctypes.c_uint64]
+        lib.peer_tokens.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.peer_run.restype = ctypes.c_double
+        lib.peer_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.peer_expert_bytes.restype = ctypes.c_int64
+        lib.peer_expert_bytes.argtypes = [ctypes.c_void_p]
+        self.lib, self.case = lib, c
+        self.handle = lib.peer_new(PEER_TYPES[c.fmt], c.E, c.H, c.I, c.layers, threads, 12345)
+        if not self.handle:
+            raise RuntimeError(f"peer_new failed for {c.fmt}")
+        self.expert_bytes = lib.peer_expert_bytes(self.handle)
+
+    def tokens(self, T: int) -> None:
+        if self.lib.peer_tokens(self.handle, T, self.case.K) != 0:
+            raise RuntimeError("peer_tokens failed")
+
+    def run(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> float:
+        ids32, w32 = ids.to(torch.int32).contiguous(), weights.float().contiguous()
+        t = self.lib.peer_run(self.handle, layer, ids32.data_ptr(), w32.data_ptr())
+        if t < 0:
+            raise RuntimeError("peer graph compute failed")
+        return t
+
+
 def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_bandwidth: float,
-             gen: torch.Generator, with_transformers: bool) -> list[dict]:
+             gen: torch.Generator, with_transformers: bool, peer_lib: str | None = None) -> list[dict]:
     t0 = time.perf_counter()
     layers = [random_experts(c, gen) for _ in range(c.layers)]
     prepared = [prepare_native_experts(w) for w in layers]
+    peer = None
+    if peer_lib:  # the torch / transformers comparisons are skipped: free the source weights
+        layers = None
+        gc.collect()
+        peer = Peer(peer_lib, c, threads)
     per_expert = prepared[0].weight_bytes_per_expert
     print(f"\n== {c.shape} {c.fmt}{' (MX path: MXFP8 activations)' if c.mx_path else ''}: E={c.E} H={c.H} I={c.I} K={c.K}, {c.layers} layer(s) rotated, "
           f"{per_expert / 1e6:.1f} MB/expert {('(' + c.note + ')') if c.note else ''}"
           f" [setup {time.perf_counter() - t0:.0f} s]")
-    tf = transformers_experts(layers[0], c) if with_transformers and c.transformers else None
-    torch_budget_ok = True
+    tf = transformers_experts(layers[0], c) if with_transformers and c.transformers and not peer else None
+    torch_budget_ok = peer is None
     records = []
     header = (f"{'T':>3} {'median ms':>10} {'MB read':>8} {'GB/s':>6} {'of bw':>6} {'spread':>6} "
               f"{'cpuGB/s':>7} {'of cbw':>6} "
-              f"{'x torch':>8} {'x eager':>8} {'x bmm':>8} {'x gmm':>8}")
+              f"{'x torch':>8} {'x eager':>8} {'x bmm':>8} {'x gmm':>8}"
+              + (f" {'peer ms':>8} {'peerGB/s':>8} {'x peer':>7}" if peer else ""))
     print(header)
     for T in tokens:
         x = torch.randn(T, c.H, generator=gen)
@@ -175,9 +231,21 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
             ids, w = routes[i]
             expert_mlp_native(x, ids, w, prepared[i % c.layers], ACT, True, c.mx_path, out, num_threads=threads)
         native(0)
-        c0 = cpu_seconds()
-        times = time_calls(native, iters)
-        cpu_per_call = (cpu_seconds() - c0) / iters  # ru_* resolution: averaged over the calls
+        peer_times = []
+        if peer:
+            peer.tokens(T)
+            peer.run(0, *routes[0])
+            times, cpu_used = [], 0.0
+            for i in range(iters):  # interleaved: ours, then the peer, on the same routing
+                c0 = cpu_seconds()
+                times += time_calls(lambda _: native(i), 1)
+                cpu_used += cpu_seconds() - c0
+                peer_times.append(peer.run(i % c.layers, *routes[i]))
+            cpu_per_call = cpu_used / iters
+        else:
+            c0 = cpu_seconds()
+            times = time_calls(native, iters)
+            cpu_per_call = (cpu_seconds() - c0) / iters  # ru_* resolution: averaged over the calls
         med = statistics.median(times)
         distinct = statistics.median(len(torch.unique(r[0])) for r in routes)
         nbytes = int(distinct * per_expert)
@@ -213,7 +281,10 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
         print(f"{T:>3} {med * 1e3:10.2f} {nbytes / 1e6:8.1f} {gbps:6.1f} {gbps / bandwidth:6.0%} {spread:6.0%} "
               f"{cpu_gbps:7.1f} {cpu_gbps / cpu_bandwidth:6.0%} "
               f"{fmtx(speed['torch'])} {fmtx(speed.get('eager'))} {fmtx(speed.get('batched_mm'))} "
-              f"{fmtx(speed.get('grouped_mm'))}", flush=True)
+              f"{fmtx(speed.get('grouped_mm'))}"
+              + (f" {statistics.median(peer_times) * 1e3:8.2f} "
+                 f"{distinct * peer.expert_bytes / statistics.median(peer_times) / 1e9:8.1f} "
+                 f"{statistics.median(peer_times) / med:7.2f}" if peer else ""), flush=True)
         records.append({"shape": c.shape, "format": c.fmt, "mx_path": c.mx_path, "T": T, "median_s": med, "weight_bytes": nbytes,
                         "gbps": gbps, "fraction_of_bandwidth": gbps / bandwidth,
                         "speedup_vs_torch": speed["torch"],
@@ -221,6 +292,12 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
                         "spread": spread, "cpu_normalised_gbps": cpu_gbps,
                         "cpu_normalised_fraction": cpu_gbps / cpu_bandwidth, "iters": iters, "threads": threads, "layers": c.layers,
                         "num_experts": c.E, "note": c.note})
+        if peer:
+            pmed = statistics.median(peer_times)
+            records[-1].update({"peer_median_s": pmed, "peer_gbps": distinct * peer.expert_bytes / pmed / 1e9,
+                                "peer_weight_bytes": int(distinct * peer.expert_bytes),
+                                "speedup_vs_peer": pmed / med,
+                                "peer_type": {"mxfp8": "q8_0"}.get(c.fmt, c.fmt)})
     del layers, prepared, tf
     gc.collect()
     return records
@@ -228,7 +305,9 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="GPT-OSS-20B shape, T=1 and T=8 only")
+    ap.add_argument("--quick", action="store_true",
+                    help="GPT-OSS-20B shape, MXFP4 / NVFP4 / MXFP8 / bf16, T=1 and T=8 only")
+    ap.add_argument("--peer-lib", metavar="SO", help="ggml peer library built by benchmarks/peer_moe.sh")
     ap.add_argument("--json", metavar="FILE", help="write one record per case to FILE")
     ap.add_argument("--iters", type=int, default=21, help="native calls per case (median)")
     ap.add_argument("--threads", type=int, default=default_threads())
@@ -244,11 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"native ISA {isa}, {args.threads} threads; measured read bandwidth {bw:.1f} GB/s "
           f"(spread {bw_spread:.0%} over 9 reads of 1 GiB; CPU-normalised {cbw:.1f} GB/s); "
           f"load average {os.getloadavg()[0]:.1f}")
-    cases = CASES[:1] if args.quick else CASES
+    cases = QUICK_CASES if args.quick else CASES
     tokens = (1, 8) if args.quick else TOKENS
     records = []
     for c in cases:
-        records += run_case(c, tokens, args.iters, args.threads, bw, cbw, gen, not args.no_transformers)
+        records += run_case(c, tokens, args.iters, args.threads, bw, cbw, gen, not args.no_transformers,
+                            args.peer_lib)
     bw_end, _, cbw_end = measure_bandwidth(args.threads)
     print(f"\nread bandwidth at the end: {bw_end:.1f} GB/s (start {bw:.1f}); CPU-normalised "
           f"{cbw_end:.1f} (start {cbw:.1f}); load average {os.getloadavg()[0]:.1f}")
