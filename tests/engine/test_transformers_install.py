@@ -70,7 +70,7 @@ def test_attention_kernelslot_where_the_call_fits_sdpa() -> None:
     r = handle.receipts()["attention.sdpa"]
     handle.uninstall()
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
-    assert r[BUILTIN]["fired"] == r[BUILTIN]["completed"] == 2 * 4 and r[MODEL_CODE]["fired"] == 0
+    assert r[BUILTIN]["fired"] == r[BUILTIN]["completed"] == 2 * 4 * 2 and r[MODEL_CODE]["fired"] == 0
     assert model.config._attn_implementation == "sdpa"
     # a padded batch carries a mask tensor: outside the slot, transformers' sdpa serves it
     handle = install(model, slots=("attention.sdpa",))
@@ -81,6 +81,21 @@ def test_attention_kernelslot_where_the_call_fits_sdpa() -> None:
     r = handle.receipts()["attention.sdpa"]
     handle.uninstall()
     assert r[MODEL_CODE]["fired"] == 2 and r[BUILTIN]["fired"] == 0
+
+
+def test_attention_bundle_candidate_serves_through_the_router(tmp_path) -> None:
+    model = build_model("mixtral")
+    ids = prompts(model.config.vocab_size)
+    want = logits_of(model, ids)
+    bundle = BUNDLES.parent.parent.parent / "examples" / "honest_attention"
+    handle = install(model, bundle=bundle, slots=("attention.sdpa",), trust_unverified=True)
+    got = logits_of(model, ids)
+    r = handle.receipts()["attention.sdpa"]
+    handle.uninstall()
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+    cand = "example-honest-attention:attention.sdpa"
+    assert r[cand]["fired"] == r[cand]["completed"] == 2 * 4 * 2  # layers x (prefill + 3 steps) x batch rows
+    assert r[cand]["fired_decode"] == 2 * 3 * 2 and r[BUILTIN]["fired"] == 0
 
 
 def test_activation_is_identified_by_probing() -> None:

@@ -6,22 +6,23 @@ attention_mask, dropout, scaling, ...)`` fits the slot when: no mask tensor (tra
 ``T == S`` or a single query (``T == 1``, which sees every key), no dropout, and none of the
 extras the slot does not express (sinks ``s_aux``, ``sliding_window``, ``softcap``,
 ``position_bias``, attention weights as output). Each batch row is one slot call
-``sdpa(q (T, Hq, D), k, v (S, Hkv, D), out, sm_scale, causal)``. Anything else runs
-transformers' own ``sdpa`` unchanged. Receipts: ``fired``/``completed`` for slot calls,
-``model`` for calls left to transformers.
+``entry(q (T, Hq, D), k, v (S, Hkv, D), out, sm_scale, causal)`` with its
+:class:`CallDescriptor`; installed candidates serve the calls inside their domain (through the
+:class:`SlotRouter`, the built-in as incumbent), the built-in the rest. Calls that do not fit
+run transformers' own ``sdpa`` unchanged (receipt variant ``model``).
 """
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
-from kernelslot.engines.transformers.experts import BUILTIN, MODEL_CODE, Receipt
+from kernelslot.abi import CallDescriptor
+from kernelslot.engines.transformers.experts import BUILTIN, MODEL_CODE, CallContext, Receipt
+from kernelslot.slots.base import Candidate, dtype_name
 
 SLOT = "attention.sdpa"
-RECEIPTS: dict[str, Receipt] = {BUILTIN: Receipt(), MODEL_CODE: Receipt()}
-_LOCK = threading.Lock()
 _UNSUPPORTED = ("s_aux", "sliding_window", "softcap", "position_bias")
 
 
@@ -37,26 +38,66 @@ def fits_sdpa(query: torch.Tensor, key: torch.Tensor, attention_mask: Optional[t
     return t == 1 or (t == s and getattr(module, "is_causal", True))
 
 
+class AttentionState:
+    """The router (built-in incumbent, optional candidates) and receipts of one installation."""
+
+    def __init__(self, candidates: Sequence[Candidate] = (), context: Optional[CallContext] = None):
+        from kernelslot.dispatch import SlotRouter
+        from kernelslot.slots import get_slot
+
+        self.router = SlotRouter(get_slot(SLOT), list(candidates))
+        self.context = context or CallContext()
+        self.receipts: dict[str, Receipt] = {BUILTIN: Receipt(), MODEL_CODE: Receipt()}
+        self._lock = threading.Lock()
+
+    def count(self, variant: str, decode: bool) -> None:
+        with self._lock:
+            r = self.receipts.setdefault(variant, Receipt())
+            r.fired += 1
+            r.fired_decode += int(decode)
+
+    def receipt_table(self) -> dict[str, Receipt]:
+        table = {k: Receipt(**{**v.__dict__, "errors": list(v.errors)}) for k, v in self.receipts.items()}
+        for name, r in self.router.receipts.items():
+            if name == "incumbent":
+                table[BUILTIN].completed = r.fallback - sum(x.fallback for n, x in self.router.receipts.items()
+                                                            if n != "incumbent")
+            elif name in table:
+                table[name].completed, table[name].fallback, table[name].errors = r.completed, r.fallback, list(r.errors)
+        return table
+
+
+_DEFAULT = None  # serves models that selected the name without install()
+
+
+def _default_state() -> AttentionState:
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = AttentionState()
+    return _DEFAULT
+
+
 def kernelslot_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                                  scaling: Optional[float] = None, **kwargs: Any):
     """Returns ``(attn_output (B, T, Hq, D), None)`` like transformers' attention functions."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    from kernelslot.kernels.attention import sdpa
-
+    state = getattr(module, "_kernelslot_attention", None) or _default_state()
+    decode = state.context.phase == "decode"
     if not fits_sdpa(query, key, attention_mask, dropout, module, kwargs):
-        with _LOCK:
-            RECEIPTS[MODEL_CODE].fired += 1
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        state.count(MODEL_CODE, decode)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     b, hq, t, d = query.shape
     scale = scaling if scaling is not None else d ** -0.5
     out = torch.empty(b, t, hq, d, dtype=query.dtype, device=query.device)
-    with _LOCK:
-        RECEIPTS[BUILTIN].fired += 1
+    desc = CallDescriptor(phase=state.context.phase, dtype=dtype_name(query.dtype), num_tokens=t, batch_size=1,
+                          kv_len=key.shape[2], num_q_heads=hq, num_kv_heads=key.shape[1], head_dim=d, layout="thd",
+                          quant="dense", arch=query.device.type)
+    name = state.router.route(desc)
     for i in range(b):
-        sdpa(query[i].transpose(0, 1), key[i].transpose(0, 1), value[i].transpose(0, 1), out[i], scale, t > 1)
-    with _LOCK:
-        RECEIPTS[BUILTIN].completed += 1
+        state.count(BUILTIN if name == "incumbent" else name, decode)
+        state.router(desc, query[i].transpose(0, 1), key[i].transpose(0, 1), value[i].transpose(0, 1), out[i],
+                     scale, t > 1)
     return out, None

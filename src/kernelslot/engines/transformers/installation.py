@@ -68,8 +68,8 @@ class Installation:
     context: CallContext
     previous: dict[str, Any]
     bundle_hash: Optional[str] = None
+    attention: Optional[attn.AttentionState] = None
     _hooks: list = field(default_factory=list)
-    _attn_base: dict[str, Receipt] = field(default_factory=dict)
     installed: bool = True
 
     def receipts(self) -> dict[str, dict[str, dict[str, Any]]]:
@@ -80,12 +80,8 @@ class Installation:
                 for name, r in st.receipt_table().items():
                     total.setdefault(name, Receipt()).add(r)
             out[EXPERTS_SLOT] = {k: v.as_dict() for k, v in total.items()}
-        if attn.SLOT in self.slots:
-            out[attn.SLOT] = {}
-            for name, r in attn.RECEIPTS.items():
-                base = self._attn_base.get(name, Receipt())
-                out[attn.SLOT][name] = {"fired": r.fired - base.fired, "fired_decode": 0,
-                                        "completed": r.completed - base.completed, "fallback": 0, "errors": []}
+        if self.attention is not None:
+            out[attn.SLOT] = {k: v.as_dict() for k, v in self.attention.receipt_table().items()}
         return out
 
     def uninstall(self) -> None:
@@ -94,8 +90,9 @@ class Installation:
             return
         for h in self._hooks:
             h.remove()
-        for _, m in experts_modules(self.model):
+        for m in self.model.modules():
             m.__dict__.pop("_kernelslot_experts", None)
+            m.__dict__.pop("_kernelslot_attention", None)
         if "experts" in self.previous:
             self.model.set_experts_implementation(self.previous["experts"])
         if "attn" in self.previous:
@@ -153,11 +150,14 @@ def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (
             hooks.append(m.register_load_state_dict_post_hook(_reprepare_hook(st)))
         previous["experts"] = model.config._experts_implementation
         model.set_experts_implementation(NAME)
-    handle = Installation(model, slots, states, context, previous, bundle_hash, hooks)
+    handle = Installation(model, slots, states, context, previous, bundle_hash, _hooks=hooks)
     if attn.SLOT in slots:
+        handle.attention = attn.AttentionState(candidates.get(attn.SLOT, ()), context)
+        for m in model.modules():
+            if hasattr(m, "is_causal"):  # the attention modules: they read the state in the call
+                m._kernelslot_attention = handle.attention
         previous["attn"] = model.config._attn_implementation
         model.set_attn_implementation(NAME)
-        handle._attn_base = {k: Receipt(**{**v.__dict__, "errors": []}) for k, v in attn.RECEIPTS.items()}
     hooks.append(model.register_forward_pre_hook(_phase_hook(context), with_kwargs=True))
     return handle
 
