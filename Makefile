@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: verify test test-slow clean
+.PHONY: verify test test-slow browser clean
 
 $(BIN)/kernelslot: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,13 @@ verify: $(BIN)/kernelslot
 test: $(BIN)/kernelslot
 	$(BIN)/python -m pytest -q
 
-test-slow: $(BIN)/kernelslot
+test-slow: $(BIN)/kernelslot browser
 	$(BIN)/python -m pytest -q -m slow
+
+# The HTML report's browser test uses Debian's chromium; optional (the test skips without it).
+browser:
+	-@command -v chromium >/dev/null 2>&1 || apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	  echo "chromium not installed: the HTML browser test will be skipped"
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -1,11 +1,14 @@
-"""The ``kernelslot`` command.
+"""The ``kernelslot`` command (also ``python -m kernelslot``).
 
-``kernelslot slots``            the catalog: signatures, comparators, profiles
-``kernelslot scan BUNDLE``      manifest and static checks only (no candidate code runs)
-``kernelslot verify [BUNDLE]``  the referee; with no bundle, the built-in kernels of every slot
+``kernelslot slots [NAME]``      the catalog; with NAME, that slot's full contract
+``kernelslot scan BUNDLE``       manifest and static checks only (no candidate code runs)
+``kernelslot verify [BUNDLE]``   the referee; with no bundle, the built-in kernels of every slot
+``kernelslot new SLOT DIR``      write a bundle for SLOT that passes ``verify`` as written
+``kernelslot report ...``        an HTML page from a JSON report or a store; list / compare stored runs
 ``kernelslot e2e [BUNDLE] --model M``  end-to-end qualification inside a transformers model (engines/cli.py)
 
-Exit status: 0 when everything passed, 1 when a verification failed, 2 for bad input.
+Exit status: 0 everything passed, 1 a verification failed, 2 bad input (one line on stderr,
+never a traceback). Every output path is validated before anything runs.
 """
 from __future__ import annotations
 
@@ -16,32 +19,89 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+from typing import Any
 
-from kernelslot.slots import CATALOG, Candidate, UnknownSlotError, get_slot
-from kernelslot.slots.base import dtype_name
-from kernelslot.slots.models import MODELS
+from kernelslot import __version__
 
-DTYPE_NAMES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# torch and the catalog are imported where needed, so `kernelslot --version` and `--help` are instant
+DTYPE_NAMES = ("bfloat16", "float16", "float32")
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
 
 class UsageError(Exception):
     """Bad command-line input: reported on one line, exit status 2."""
 
 
+def check_output_path(flag: str, path: str) -> Path:
+    """An output file we will write later: its directory exists and it can be written now."""
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise UsageError(f"{flag} {p}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {p}: directory {parent} does not exist (create it first)")
+    try:
+        if p.exists():
+            with open(p, "a", encoding="utf-8"):
+                pass
+        else:
+            probe = parent / f".{p.name}.kernelslot-probe-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"{flag} {p}: cannot be written ({exc.strerror or exc})") from None
+    return p
+
+
+def _command_line() -> str:
+    return " ".join(["kernelslot", *sys.argv[1:]])
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same directory, so a failed write never leaves half a file."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _console(file=None):
+    from rich.console import Console
+
+    return Console(file=file or sys.stdout, highlight=False, soft_wrap=True)
+
+
+def _print_verdicts(text: str, console) -> None:
+    """Print a verdict table: coloured on a terminal, plain when piped (or with NO_COLOR)."""
+    from rich.text import Text
+
+    t = Text(text)
+    t.highlight_regex(r"\b(FAIL|fail)\b|^  ! .*$", "bold red")
+    t.highlight_regex(r"\b(ok|PASS)\b", "green")
+    console.print(t)
+
+
+# --- slots, new -------------------------------------------------------------------------------
+
 def _cmd_slots(args: argparse.Namespace) -> int:
-    rows = []
-    for name in sorted(CATALOG):
-        d = CATALOG[name]
-        rows.append({
-            "slot": name, "kind": d.slot.kind.value, "signature": d.slot.signature(),
-            "comparator": d.describe_comparator(), "profiles": len(d.profiles),
-            "dtypes": [dtype_name(t) for t in d.dtypes], "models": sorted({p.model for p in d.profiles}),
-            "summary": d.slot.summary,
-        })
+    from kernelslot.slots import get_slot
+    from kernelslot.slots.contract import catalog_summary, families, family_page, render_contract, slot_contract
+
+    if args.docs:
+        out = Path(args.docs)
+        if not out.is_dir():
+            raise UsageError(f"--docs {out}: not a directory (create it first)")
+        for fam in families():
+            write_text(out / f"{fam}.md", family_page(fam))
+            print(f"wrote {out / f'{fam}.md'}")
+        return EXIT_PASS
+    if args.name:
+        contract = slot_contract(get_slot(args.name))
+        print(json.dumps(contract, indent=2) if args.json else render_contract(contract))
+        return EXIT_PASS
+    rows = catalog_summary()
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
+        return EXIT_PASS
     for r in rows:
         print(f"{r['slot']}  ({r['kind']})")
         print(f"    {r['signature']}")
@@ -49,8 +109,24 @@ def _cmd_slots(args: argparse.Namespace) -> int:
             print(f"    {r['summary']}")
         print(f"    comparator: {r['comparator']}")
         print(f"    {r['profiles']} profiles; dtypes {', '.join(r['dtypes'])}; models {', '.join(r['models'])}")
-    return 0
+    print("\n`kernelslot slots NAME` shows one slot's full contract; `kernelslot new NAME DIR` writes a bundle for it.")
+    return EXIT_PASS
 
+
+def _cmd_new(args: argparse.Namespace) -> int:
+    from kernelslot.bundle.template import TemplateError, write_bundle
+
+    try:
+        written = write_bundle(args.slot, Path(args.dir), model=args.model, force=args.force)
+    except TemplateError as exc:
+        raise UsageError(str(exc)) from None
+    for p in written:
+        print(f"wrote {p}")
+    print(f"next: kernelslot scan {args.dir} && kernelslot verify {args.dir}")
+    return EXIT_PASS
+
+
+# --- scan, verify -----------------------------------------------------------------------------
 
 def _cmd_scan(args: argparse.Namespace) -> int:
     from kernelslot.bundle import load_bundle
@@ -65,23 +141,35 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         print(f"  {row.label:40s} {row.source}:{row.entry}  domain: {row.domain.describe()}"
               f"{' graph_safe' if row.graph_safe else ''}{model}")
     print(f"OK: {len(m.ops)} op row(s), static checks passed")
-    return 0
+    return EXIT_PASS
 
 
-def _options(args: argparse.Namespace):
+def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
+    import torch
+
+    from kernelslot.slots import get_slot
+    from kernelslot.slots.models import MODELS
     from kernelslot.verify import VerifyOptions
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here (torch.cuda.is_available() is False)")
-    dtypes = tuple(DTYPE_NAMES[d] for d in args.dtype) if args.dtype else None
+    dtypes = tuple(getattr(torch, d) for d in args.dtype) if args.dtype else None
     if args.model and args.model not in MODELS:
         raise UsageError(f"--model {args.model!r} is unknown; known: {', '.join(MODELS)}")
+    if args.profile:
+        valid = sorted({p.name for name, _ in targets for p in get_slot(name).profiles})
+        unknown = [p for p in args.profile if p not in valid]
+        if unknown:
+            raise UsageError(f"--profile {unknown[0]}: no such profile in {', '.join(n for n, _ in targets)}; "
+                             f"valid: {', '.join(valid)}")
     if args.replays < 2:
         raise UsageError("--replays must be at least 2 (fresh-input replay catches cached results)")
     if any(w < 2 for w in args.world_size or []):
         raise UsageError("--world-size must be at least 2 (collective slots run one process per rank)")
     if args.seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout}")
     untrusted = args.bundle is not None
     if args.random_seeds or (untrusted and args.seed_base is None):
         # a bundle's inputs are drawn from a seed it cannot anticipate (printed for reproduction)
@@ -95,7 +183,9 @@ def _options(args: argparse.Namespace):
                          collective_timeout_s=args.timeout, extra_replays=2 if untrusted else 0)
 
 
-def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Candidate]]], object | None]:
+def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Any]]], object | None]:
+    from kernelslot.slots import CATALOG, get_slot
+
     if args.bundle:
         from kernelslot.bundle import load_bundle
 
@@ -103,9 +193,12 @@ def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Candidate]]
         cands = bundle.candidates()
         for s in args.slot or []:
             if s not in cands:
-                raise UsageError(f"--slot {s}: the bundle has no op for it; it has {', '.join(sorted(cands))}")
+                raise UsageError(f"--slot {s}: the bundle has no op for it; valid: {', '.join(sorted(cands))}")
         return [(s, c) for s, c in cands.items() if not args.slot or s in args.slot], bundle
     names = args.slot or sorted(CATALOG)
+    for n in names:
+        if n not in CATALOG:
+            raise UsageError(f"--slot {n}: unknown slot; valid: {', '.join(sorted(CATALOG))}")
     return [(n, list(get_slot(n).builtin_candidates())) for n in names], None
 
 
@@ -114,75 +207,146 @@ def _make_runner(args: argparse.Namespace, bundle: object | None):
     from kernelslot.verify.worker import make_runner
 
     isolate = args.isolate if args.isolate is not None else bundle is not None
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive, got {args.timeout}")
     return make_runner(isolate, args.timeout, device=args.device)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
+    from kernelslot.report.payload import build_payload, slot_dict
+    from kernelslot.report.progress import VerifyProgress
+    from kernelslot.slots import get_slot
     from kernelslot.verify import verify_slot
     from kernelslot.verify.render import render_slot
 
-    targets, bundle = _targets(args)  # a bad bundle is reported before anything else is said
-    opts = _options(args)
+    json_path = check_output_path("--json", args.json) if args.json else None
+    html_path = check_output_path("--html", args.html) if args.html else None
+    if args.store:
+        from kernelslot.store.results import check_store_path
+
+        check_store_path(check_output_path("--store", args.store))
+    targets, bundle = _targets(args)  # a bad bundle is reported before anything runs
+    opts = _options(args, targets)
     runner = _make_runner(args, bundle)
     store = run_id = None
     if args.store:
         from kernelslot.store import ResultStore
 
         store = ResultStore(args.store)
-        run_id = store.start_run(" ".join(sys.argv), args.device, runner.name,
-                                 getattr(bundle, "bundle_id", None), getattr(bundle, "content_hash", None))
-    reports = []
+        run_id = store.start_run(_command_line(), args.device, runner.name, getattr(bundle, "bundle_id", None),
+                                 getattr(bundle, "content_hash", None), seeds=opts.seeds)
+    reports, slots = [], []
     started = time.perf_counter()
-    tty = sys.stderr.isatty()
+    console = _console()
+    progress = VerifyProgress(targets, opts, quiet=args.quiet)
+    complete = False
     try:
-        for i, (slot_name, cands) in enumerate(targets, 1):
-            defn = get_slot(slot_name)
-            if not args.quiet:
-                print(f"[{i}/{len(targets)}] verifying {slot_name} ...", file=sys.stderr, flush=True)
-
-            def progress(r, _slot=slot_name):
-                if tty and not args.quiet:
-                    print(f"    {r.profile}[{r.dtype}] {r.status}", file=sys.stderr, flush=True)
-
-            report = verify_slot(defn, cands, opts, runner=runner, progress=progress)
-            reports.append(report)
-            if store:
-                store.add_report(run_id, report)
-            print(render_slot(report, defn.describe_comparator()))
-            print()
+        with progress:
+            for slot_name, cands in targets:
+                defn = get_slot(slot_name)
+                progress.start_slot(slot_name)
+                report = verify_slot(defn, cands, opts, runner=runner, progress=progress.profile_done)
+                reports.append(report)
+                slots.append(slot_dict(report, defn.describe_comparator()))
+                if store:
+                    store.add_report(run_id, report)
+                progress.pause_for_output()
+                _print_verdicts(render_slot(report, defn.describe_comparator()) + "\n", console)
+        complete = True
     finally:
         runner.close()
+        elapsed = time.perf_counter() - started
+        failed = [r.slot for r in reports if not r.passed]
+        passed = complete and not failed
         if store:
+            store.finish_run(run_id, ("pass" if passed else "fail") if complete else "interrupted")
             store.close()
-    elapsed = time.perf_counter() - started
-    failed = [r.slot for r in reports if not r.passed]
-    summary = f"{len(reports) - len(failed)}/{len(reports)} slots passed in {elapsed:.1f}s"
-    print(("PASS: " if not failed else "FAIL: ") + summary + (f"; failed: {', '.join(failed)}" if failed else ""))
-    if args.json:
-        payload = {"passed": not failed, "elapsed_s": elapsed, "device": args.device, "runner": runner.name,
-                   "seeds": list(opts.seeds),
-                   "bundle": {"id": bundle.bundle_id, "sha256": bundle.content_hash} if bundle else None,
-                   "slots": [r.to_dict() for r in reports]}
-        Path(args.json).write_text(json.dumps(payload, indent=2, default=str))
-    return 0 if not failed else 1
+        if json_path or html_path:  # written even for an interrupted run: every completed slot is kept
+            payload = build_payload(slots, passed=passed, elapsed_s=elapsed, device=args.device, runner=runner.name,
+                                    seeds=list(opts.seeds), command=_command_line(), timed=args.time,
+                                    bundle={"id": bundle.bundle_id, "sha256": bundle.content_hash} if bundle else None)
+            if not complete:
+                payload["status"] = "interrupted"
+            if json_path:
+                write_text(json_path, json.dumps(payload, indent=2, default=str))
+            if html_path:
+                from kernelslot.report.html import render_html
 
+                write_text(html_path, render_html(payload))
+    summary = f"{len(reports) - len(failed)}/{len(reports)} slots passed in {elapsed:.1f}s"
+    _print_verdicts(("PASS: " if not failed else "FAIL: ") + summary
+                    + (f"; failed: {', '.join(failed)}" if failed else ""), console)
+    return EXIT_PASS if not failed else EXIT_FAIL
+
+
+# --- report -----------------------------------------------------------------------------------
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from kernelslot.report import compare
+    from kernelslot.report.payload import load_payload, payload_from_store
+
+    out = check_output_path("-o", args.output) if args.output else None
+    if args.source and args.store:
+        raise UsageError("give either a report (RESULT.json or STORE) or --store FILE, not both")
+    source = args.source or args.store
+    if source is None:
+        raise UsageError("nothing to report: give RESULT.json, a store file, or --store FILE")
+    from kernelslot.store.results import SQLITE_MAGIC, ResultStore
+
+    is_store = Path(source).is_file() and Path(source).read_bytes()[:len(SQLITE_MAGIC)] == SQLITE_MAGIC
+    if args.compare and not is_store:
+        raise UsageError(f"--compare needs a store; {source} is not a SQLite store")
+    if not is_store:
+        if args.run is not None:
+            raise UsageError(f"--run needs a store; {source} is a JSON report")
+        payload = load_payload(source)
+    else:
+        store = ResultStore(source, must_exist=True)
+        try:
+            if args.compare:
+                print(compare.render_comparison(compare.compare_runs(store, *args.compare)))
+                return EXIT_PASS
+            runs = store.runs()
+            if out is None:
+                print(compare.render_runs(runs))
+                return EXIT_PASS
+            if not runs:
+                raise UsageError(f"{source}: the store holds no runs")
+            payload = payload_from_store(store, args.run if args.run is not None else runs[-1]["id"])
+        finally:
+            store.close()
+    if out is None:
+        raise UsageError("-o FILE is required to write the HTML page of a JSON report")
+    from kernelslot.report.html import render_html
+
+    write_text(out, render_html(payload))
+    print(f"wrote {out}")
+    return EXIT_PASS
+
+
+# --- parser -----------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernelslot", description="Verify kernels against inference-engine slot contracts.")
+    p.add_argument("--version", action="version", version=f"kernelslot {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("slots", help="list the slot catalog")
+    s = sub.add_parser("slots", help="list the slot catalog, or show one slot's full contract")
+    s.add_argument("name", nargs="?", help="a slot name (e.g. moe.fused_experts): its full contract")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--docs", metavar="DIR", help="write one Markdown page per slot family into DIR (docs/slots)")
     s.set_defaults(func=_cmd_slots)
     s = sub.add_parser("scan", help="check a bundle's manifest and sources without running them")
     s.add_argument("bundle")
     s.set_defaults(func=_cmd_scan)
+    n = sub.add_parser("new", help="write a bundle for a slot that passes `verify` as written")
+    n.add_argument("slot", help="slot name (see `kernelslot slots`)")
+    n.add_argument("dir", help="directory to create (must not exist, or be empty)")
+    n.add_argument("--model", help="model profile the bundle targets (default: the slot's generic one)")
+    n.add_argument("--force", action="store_true", help="overwrite the template's files in an existing directory")
+    n.set_defaults(func=_cmd_new)
     v = sub.add_parser("verify", help="verify a bundle (or, with none, the built-in kernels)")
     v.add_argument("bundle", nargs="?", help="bundle directory (holding manifest.toml); default: built-in kernels")
     v.add_argument("--slot", action="append", help="only this slot (repeatable)")
     v.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    v.add_argument("--dtype", action="append", choices=sorted(DTYPE_NAMES), help="only this dtype (repeatable)")
+    v.add_argument("--dtype", action="append", choices=DTYPE_NAMES, help="only this dtype (repeatable)")
     v.add_argument("--model", help="model profile to verify against (overrides the bundle's metadata)")
     v.add_argument("--profile", action="append", help="only this diagnostic profile (repeatable)")
     v.add_argument("--seeds", type=int, default=1, help="number of seeds per profile (default 1)")
@@ -200,10 +364,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run candidate code in this process (debuggable; default for built-ins)")
     v.add_argument("--timeout", type=float, default=30.0, help="per-call deadline in seconds (worker and collective ranks)")
     v.add_argument("--world-size", type=int, action="append", help="collective world size (repeatable; default 2)")
-    v.add_argument("--json", metavar="FILE", help="write the full report as JSON")
-    v.add_argument("--store", metavar="FILE", help="append receipts to this SQLite database")
-    v.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    v.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/report-schema.md)")
+    v.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page")
+    v.add_argument("--store", metavar="FILE", help="append receipts to this SQLite database (its directory must exist)")
+    v.add_argument("--quiet", action="store_true", help="no progress on stderr")
     v.set_defaults(func=_cmd_verify)
+    r = sub.add_parser("report", help="HTML page of an earlier run; list or compare the runs in a store")
+    r.add_argument("source", nargs="?", help="a --json report or a --store database")
+    r.add_argument("-o", "--output", metavar="FILE", help="write the HTML page here")
+    r.add_argument("--store", metavar="FILE", help="the store to list (no -o) or to read runs from")
+    r.add_argument("--run", type=int, help="the stored run to render (default: the latest)")
+    r.add_argument("--compare", type=int, nargs=2, metavar=("A", "B"),
+                   help="compare stored runs A and B: changed checks, timings moved beyond their spread")
+    r.set_defaults(func=_cmd_report)
     from kernelslot.engines.cli import add_parser as add_e2e_parser
 
     add_e2e_parser(sub)
@@ -211,15 +384,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--version"]:  # answered before the parser imports the subcommands' dependencies (torch)
+        print(f"kernelslot {__version__}")
+        return EXIT_PASS
     args = build_parser().parse_args(argv)
     from kernelslot.abi import CapabilityError
     from kernelslot.bundle import ManifestError
+    from kernelslot.report import ReportError
+    from kernelslot.slots import UnknownSlotError
+    from kernelslot.store.results import StoreError
 
     try:
         return args.func(args)
-    except (ManifestError, UsageError, UnknownSlotError, CapabilityError) as exc:
+    except (ManifestError, UsageError, UnknownSlotError, CapabilityError, StoreError, ReportError) as exc:
         print(f"kernelslot: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("kernelslot: interrupted", file=sys.stderr)
         return 130

@@ -1,7 +1,7 @@
 """Target-owned comparators: how a candidate's output is judged against the trusted reference.
 
 Thresholds belong to the slot, never to the bundle. Default elementwise tolerances by the
-*output* dtype (SLOTS.md): float32 1e-5, float16 1e-2, bfloat16 2e-2 (atol = rtol).
+*output* dtype: float32 1e-5, float16 1e-2, bfloat16 2e-2 (atol = rtol).
 A cell matches when ``|a - e| <= atol + rtol·|e|``; NaN never matches, and matching
 infinities of the same sign do. A NaN in the *reference* marks a don't-care cell (a slot's
 reference uses it where the contract leaves the result open, e.g. a token whose routing is a

@@ -30,6 +30,8 @@ class Arg:
     name: str
     role: Role
     optional: bool = False  # the validator may pass None (e.g. an absent residual)
+    shape: str = ""  # symbolic shape for the docs, where the profiles' dimensions do not spell it
+    doc: str = ""  # layout or meaning beyond the role (shown by `kernelslot slots NAME`)
 
     def __str__(self) -> str:
         suffix = "?" if self.optional else ""

@@ -67,7 +67,10 @@ def static_problems(manifest: Manifest) -> list[str]:
         src_path = manifest.root / row.source
         where = f"{manifest.path}: ops[{row.index}]"
         try:
-            tree = ast.parse(src_path.read_text(), filename=str(src_path))
+            tree = ast.parse(src_path.read_text(encoding="utf-8"), filename=str(src_path))
+        except UnicodeDecodeError as exc:
+            problems.append(f"{where}.source: {row.source} is not UTF-8 text (byte {exc.start}); save it as UTF-8")
+            continue
         except SyntaxError as exc:
             problems.append(f"{where}.source: {row.source} does not parse: {exc.msg} (line {exc.lineno})")
             continue

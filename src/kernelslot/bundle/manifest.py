@@ -173,15 +173,21 @@ def load_manifest(bundle: str | Path) -> Manifest:
     if not path.is_file():
         raise ManifestError(f"{path}: no manifest.toml found; a bundle is a directory holding manifest.toml and its sources")
     try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not UTF-8 text (byte {exc.start}); save the manifest as UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML ({exc})") from None
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise _err(path, unknown[0], f"unknown top-level key; allowed: {', '.join(TOP_KEYS)}")
     for key in ("bundle_id", "abi_version"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            raise _err(path, key, "required string is missing or empty")
+        if key not in data:
+            raise _err(path, key, "required key is missing")
+        if not isinstance(data[key], str):
+            raise _err(path, key, f"must be a string, got {data[key]!r}")
+        if not data[key]:
+            raise _err(path, key, "must not be empty")
     if data["abi_version"] != ABI_VERSION:
         raise _err(path, "abi_version", f"{data['abi_version']!r} is not supported; allowed: {ABI_VERSION!r}")
     competition = data.get("competition", {})

@@ -1,5 +1,5 @@
 """Numeric formats: E8M0 scales, E2M1/E4M3/E5M2 elements, MXFP4/MXFP8, NVFP4, the 128x4
-scale swizzle and the NVFP4 MoE layer view. Conventions: FORMATS.md and docs/formats.md.
+scale swizzle and the NVFP4 MoE layer view. Conventions: docs/formats.md.
 This package imports nothing else from kernelslot."""
 from .e8m0 import SCALE_MODES, ScaleMode, e8m0_from_amax, e8m0_reciprocal_float32, e8m0_to_float32
 from .elements import (

@@ -8,7 +8,7 @@ fp32 -> ``float8_e8m0fnu`` cast rounds to nearest, which is not the MX scale rul
 Scale exponent from a block amax and the element type's ``emax`` (2 for E2M1, 8 for E4M3,
 15 for E5M2), clamped to [-127, 127]:
 
-- ``"floor"`` (default, FORMATS.md): ``floor(log2(amax)) - emax``.
+- ``"floor"`` (default, docs/formats.md): ``floor(log2(amax)) - emax``.
 - ``"ceil"``: ``ceil(log2(amax)) - emax`` (no element ever saturates).
 - ``"rne"``: ``floor(log2(rne(amax))) - emax`` where ``rne`` rounds amax to the element's
   mantissa width (``mbits``) with ties to even first, so a block whose amax would round up

@@ -1,6 +1,6 @@
 """Element formats of the block-scaled codecs: E2M1 (FP4), E4M3 and E5M2 (FP8).
 
-Convention (FORMATS.md "Element types"):
+Convention (docs/formats.md):
 
 - Every conversion from fp32 **saturates** to the format's largest finite magnitude
   (E2M1 6, E4M3 448, E5M2 57344; ``inf`` saturates too) and rounds to nearest,

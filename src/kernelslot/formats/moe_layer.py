@@ -1,7 +1,7 @@
 """The NVFP4 MoE layer view, as SGLang keeps a ModelOpt NVFP4 fused-MoE layer.
 
 This is what ``moe.fused_experts``'s NVFP4 profile hands to ``prepare("nvfp4_layer", view)``
-(FORMATS.md "MoE layer tensors as SGLang keeps them"). Conventions:
+(docs/formats.md). Conventions:
 
 - ``w13_weight`` ``uint8`` (E, 2I, H/2): per expert the gate rows then the up rows
   (``layout = "modelopt_gate_up"``), NVFP4 packed along H, even index in the low nibble.

@@ -1,7 +1,7 @@
 """NVFP4 (NVIDIA / ModelOpt): E2M1 elements, one E4M3 scale per 16 elements along the last
 dim, and one fp32 per-tensor scale.
 
-Quantisation (FORMATS.md, every step in fp32):
+Quantisation (docs/formats.md, every step in fp32):
 
 - ``per_tensor = amax(|x|) / (448 * 6)`` unless the caller supplies it;
 - ``block_scale = e4m3((block_amax / 6) / per_tensor)`` — two fp32 divisions, then a

@@ -1,6 +1,6 @@
 """Built-in attention kernels: ``attention.sdpa`` and ``attention.decode`` (write-into-output).
 
-Layouts (SLOTS.md): sdpa q ``(T, Hq, D)``, k/v ``(S, Hkv, D)``; decode q ``(B, Hq, D)``, paged
+Layouts (docs/slots/attention.md): sdpa q ``(T, Hq, D)``, k/v ``(S, Hkv, D)``; decode q ``(B, Hq, D)``, paged
 k/v caches ``(max_slots, Hkv, D)``, ``topk_idx (Hkv, B, Kb)`` int32 logical block ids (-1 = none).
 Query head ``h`` reads kv head ``h // (Hq // Hkv)``. Math in fp32, softmax with the max subtracted,
 cast once into ``out`` (any strides). Both entries return None.

@@ -1,6 +1,6 @@
 """Built-in collective kernels: the incumbents of the ``collective.*`` slots and ``moe.fused_experts_reduce``.
 
-Contract (SLOTS.md, seed 000 "Collective slots"): every entry takes the process ``group`` it must
+Contract (docs/slots/collective.md): every entry takes the process ``group`` it must
 reduce over as its last argument and uses *only* that group (never the default world group,
 never a group of its own, never rank/world size from the environment). Outputs are written in
 place honouring their strides and dtype; entries return None.

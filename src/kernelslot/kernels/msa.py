@@ -4,7 +4,7 @@
 (one shared index-key head), out float32 ``(B, Hi, ceil(S / block_size))`` holding, per key block,
 the max of ``q·k`` over the block's tokens ``t < seq_lens[b]`` and ``-inf`` where there are none.
 
-``msa_prefill_block_score(...)`` (the ragged V2 call, SLOTS.md): one call for the whole batch, no
+``msa_prefill_block_score(...)`` (the ragged V2 call, docs/slots/attention.md): one call for the whole batch, no
 per-request loop. Each query row is placed in a padded ``(B, max_seqlen_q)`` grid, scored against
 its request's keys gathered through ``req_to_token[slot_ids[b]]`` (causal: key ``n`` visible to row
 ``m`` iff ``n <= prefix_lens[b] + m``), max-pooled over the rows of its query block and over the keys

@@ -12,7 +12,8 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SILU_AND_MUL = Slot(
     "activation.silu_and_mul",
     SlotKind.OP,
-    (Arg("x", Role.INPUT), Arg("out", Role.OUTPUT)),
+    (Arg("x", Role.INPUT, shape="(..., 2d)", doc="gate half then up half along the last dim"),
+     Arg("out", Role.OUTPUT, shape="(..., d)")),
     summary="out = silu(x[..., :d]) * x[..., d:]; x (..., 2d), out (..., d)",
 )
 

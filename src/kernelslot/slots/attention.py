@@ -39,9 +39,13 @@ SDPA = Slot(
 DECODE = Slot(
     "attention.decode",
     SlotKind.BLOCK,
-    (Arg("q", Role.INPUT), Arg("k_cache", Role.INPUT), Arg("v_cache", Role.INPUT), Arg("req_to_token", Role.INPUT),
-     Arg("seq_lens", Role.INPUT), Arg("req_pool_indices", Role.INPUT), Arg("topk_idx", Role.INPUT),
-     Arg("out", Role.OUTPUT), Arg("sm_scale", Role.SCALAR), Arg("block_size", Role.SCALAR)),
+    (Arg("q", Role.INPUT, shape="(B, Hq, D)"),
+     Arg("k_cache", Role.INPUT, shape="(max_slots, Hkv, D)", doc="paged: token t of request b in slot req_to_token[req_pool_indices[b], t]"),
+     Arg("v_cache", Role.INPUT, shape="(max_slots, Hkv, D)"),
+     Arg("req_to_token", Role.INPUT, shape="(pool, kv_len)"), Arg("seq_lens", Role.INPUT, shape="(B,)"),
+     Arg("req_pool_indices", Role.INPUT, shape="(B,)"),
+     Arg("topk_idx", Role.INPUT, shape="(Hkv, B, Kb)", doc="selected block ids; -1 = none, a repeat counts once"),
+     Arg("out", Role.OUTPUT, shape="(B, Hq, D)"), Arg("sm_scale", Role.SCALAR), Arg("block_size", Role.SCALAR)),
     summary="paged block-sparse decode attention over validator-selected blocks (topk_idx (Hkv,B,Kb), -1 = none)",
 )
 

@@ -1,5 +1,5 @@
 """Collective slots: ``collective.all_reduce``, ``collective.ar_residual_rmsnorm``,
-``collective.moe_finalize_ar_rmsnorm`` and ``moe.fused_experts_reduce`` (SLOTS.md).
+``collective.moe_finalize_ar_rmsnorm`` and ``moe.fused_experts_reduce``.
 
 Every entry ends with a ``group`` argument (:attr:`Role.GROUP`): the process group to reduce
 over. The referee (:mod:`kernelslot.verify.collective`) hands each rank a group made with

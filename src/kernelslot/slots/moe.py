@@ -1,7 +1,10 @@
 """moe.fused_experts: the local expert computation behind a prepare/forward split.
 
 ``prepare(w13, w2) -> prepared`` once at load (or ``prepare("nvfp4_layer", view)`` on the NVFP4
-profile); ``entry(x, topk_ids, topk_weights, prepared, out)``:
+profile, ``view`` a :class:`~kernelslot.formats.Nvfp4MoeLayer`); ``w13 (E, 2I, H)`` holds per expert
+the gate rows then the up rows, ``w2 (E, H, I)``, both in the profile's dtype.
+``entry(x, topk_ids, topk_weights, prepared, out)``: ``x (M, H)``, ``topk_ids`` int32 ``(M, K)``
+(expert ids, -1 = a remote expert), ``topk_weights`` float32 ``(M, K)``, ``out (M, H)``:
 ``out[m] = Σ_k w[m,k]·W2[e]·act(W13[e]·x[m])`` with ``e = topk_ids[m,k]``; ids of -1 contribute
 nothing; ``topk_weights`` are raw positive multipliers (rows need not sum to 1; a K=1 weight
 need not be 1). ``act`` is the model's (SiLU for generic, swigluoai for MiniMax-M3).
@@ -25,7 +28,8 @@ from kernelslot.slots.models import model_profile
 FUSED_EXPERTS = Slot(
     "moe.fused_experts",
     SlotKind.BLOCK,
-    (Arg("x", Role.INPUT), Arg("topk_ids", Role.INPUT), Arg("topk_weights", Role.INPUT),
+    (Arg("x", Role.INPUT), Arg("topk_ids", Role.INPUT, doc="expert ids; -1 = not on this rank, contributes nothing"),
+     Arg("topk_weights", Role.INPUT, doc="raw positive multipliers (rows need not sum to 1)"),
      Arg("prepared", Role.PREPARED), Arg("out", Role.OUTPUT)),
     prepare_args=("w13", "w2"),
     summary="out[m] = sum_k w[m,k] * W2[e] act(W13[e] x[m]); -1 ids contribute nothing; raw weights",

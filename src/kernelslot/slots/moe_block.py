@@ -5,7 +5,7 @@
 
 - ``x (T, H)``; ``residual``, ``out_residual`` (both ``(T, H)``) and ``router_logits (T, E)``
   may be None. ``layer`` is a :class:`MoeBlockLayer`, owned by the validator.
-- Semantics (SLOTS.md): ``s = x [+ residual]`` (rounded to the I/O dtype, written to
+- Semantics: ``s = x [+ residual]`` (rounded to the I/O dtype, written to
   ``out_residual``); ``h = rmsnorm(s)·gamma`` in fp32 once; router logits ``h·Wᵀ (+ bias)``;
   routing per the block config; ``out = routed_scaling_factor·Σ_routed coef·expert(h) + shared(h)``
   with ``coef`` = affinity (POST_SCALE) or 1 (NO_SCALE) over each token's routed set of this

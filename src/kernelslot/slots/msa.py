@@ -4,7 +4,7 @@
   index_k ``(B, S, D)``, seq_lens int32 ``(B,)``, out float32 ``(B, Hi, ceil(S/block_size))``:
   ``out[b,h,j] = max_{t in block j, t < seq_lens[b]} q[b,h]·index_k[b,t]``, ``-inf`` for an empty
   block. Judged by ``topk_overlap(k=8, scores) >= 0.875`` (ties in the expected scores honoured).
-- ``attention.msa_prefill_block_score``: the 19-argument ragged V2 call of SLOTS.md. Tensors:
+- ``attention.msa_prefill_block_score``: the 19-argument ragged V2 call. Tensors:
   q ``(total_q, Hi, D)``, index_k_cache ``(slots, 1, D)``, req_to_token int32 ``(pool, width)``,
   slot_ids int64 ``(B,)``, cu_seqlens / cu_seqblocks_q int32 ``(B+1,)``, seq_lens / prefix_lens
   int32 ``(B,)``; out_topk contiguous int32 ``(Hi, all_seqblock_q, topk)``. Query row ``m`` of request
@@ -33,8 +33,9 @@ SCORE_TOPK = 8  # the validator's selection size on msa_block_score's score shee
 BLOCK_SCORE = Slot(
     "attention.msa_block_score",
     SlotKind.BLOCK,
-    (Arg("q", Role.INPUT), Arg("index_k", Role.INPUT), Arg("seq_lens", Role.INPUT),
-     Arg("block_size", Role.SCALAR), Arg("out", Role.OUTPUT)),
+    (Arg("q", Role.INPUT, shape="(B, Hi, D)"), Arg("index_k", Role.INPUT, shape="(B, S, D)"),
+     Arg("seq_lens", Role.INPUT, shape="(B,)"), Arg("block_size", Role.SCALAR),
+     Arg("out", Role.OUTPUT, shape="(B, Hi, ceil(S/block_size))", doc="-inf for an empty block")),
     summary="per-request block-max index scores; out (B,Hi,ceil(S/block_size)) float32, -inf = empty block",
 )
 
@@ -43,11 +44,13 @@ _PREFILL_SCALARS = ("max_seqlen_q", "max_seqlen_k", "block_size_q", "block_size_
 PREFILL = Slot(
     "attention.msa_prefill_block_score",
     SlotKind.BLOCK,
-    tuple(Arg(n, Role.INPUT) for n in ("q", "index_k_cache", "req_to_token", "slot_ids", "cu_seqlens", "seq_lens",
-                                       "prefix_lens"))
+    tuple(Arg(n, Role.INPUT, shape=shape) for n, shape in (
+        ("q", "(total_q, Hi, D)"), ("index_k_cache", "(slots, 1, D)"), ("req_to_token", "(pool, width)"),
+        ("slot_ids", "(B,)"), ("cu_seqlens", "(B+1,)"), ("seq_lens", "(B,)"), ("prefix_lens", "(B,)")))
     + tuple(Arg(n, Role.SCALAR) for n in _PREFILL_SCALARS)
-    + (Arg("cu_seqblocks_q", Role.INPUT), Arg("max_seqblock_q", Role.SCALAR), Arg("all_seqblock_q", Role.SCALAR),
-       Arg("out_topk", Role.OUTPUT)),
+    + (Arg("cu_seqblocks_q", Role.INPUT, shape="(B+1,)"), Arg("max_seqblock_q", Role.SCALAR),
+       Arg("all_seqblock_q", Role.SCALAR),
+       Arg("out_topk", Role.OUTPUT, shape="(Hi, all_seqblock_q, topk)", doc="-1 only after the valid entries")),
     summary="ragged causal MSA prefill: block scores + top-k key-block selection; out_topk (Hi,rows,topk) int32",
 )
 

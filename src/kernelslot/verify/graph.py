@@ -1,4 +1,4 @@
-"""CUDA-graph replay (DESIGN.md §3 step 8, CUDA only, for ``graph_safe`` candidates).
+"""CUDA-graph replay (docs/referee.md; CUDA only, for ``graph_safe`` candidates).
 
 The candidate's call is captured once into a ``torch.cuda.CUDAGraph`` after a warm-up on a
 side stream. Each replay refills the captured input storages with fresh values, re-poisons

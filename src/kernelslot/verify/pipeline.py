@@ -1,4 +1,4 @@
-"""The referee's pipeline (DESIGN.md §3): inputs → reference → outputs → poison → call →
+"""The referee's pipeline (docs/referee.md): inputs → reference → outputs → poison → call →
 checks → compare → replay → (CUDA graph replay) → receipt, for every profile and seed.
 
 References always run on the CPU, on clones, in this process; the candidate runs through a

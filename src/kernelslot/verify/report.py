@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Named checks, in the order the referee makes them (DESIGN.md §3 step 6-8).
+# Named checks, in the order the referee makes them (docs/referee.md).
 CHECKS = (
     "prepare",  # prepare() ran, returned, and left its inputs unchanged
     "raised",  # entry raised / crashed / timed out

@@ -1,6 +1,6 @@
 """``WorkerRunner``: candidate code runs in a separate worker process, never in the referee.
 
-Contract (DESIGN.md §3 runner boundary; docs/threat-model.md):
+Contract (the runner boundary; docs/threat-model.md):
 
 * The referee owns every tensor. :meth:`WorkerRunner.share` moves CPU storages into POSIX shared
   memory *in place* (same tensor objects, every view follows; data pointers then stay stable for

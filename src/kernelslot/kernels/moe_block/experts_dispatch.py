@@ -1,4 +1,4 @@
-"""The one place that picks the implementation of the expert leaves (DESIGN.md §4).
+"""The one place that picks the implementation of the expert leaves.
 
 Contract: :func:`attach_fast_paths` runs at prepare time (``prepare_moe_block``,
 ``prepare_fused_experts``, the ``moe.fused_experts`` NVFP4 prepare). For CPU weights inside the

@@ -1,6 +1,6 @@
 """The built-in ``moe.fused_experts`` computation, on the block's selective leaf.
 
-Contract (SLOTS.md ``moe.fused_experts``): ``x (M, H)``; ``topk_ids (M, K)`` expert ids in
+Contract (``moe.fused_experts``, docs/slots/moe.md): ``x (M, H)``; ``topk_ids (M, K)`` expert ids in
 ``[0, E)`` or ``-1`` (contributes nothing); ``topk_weights (M, K)`` fp32 raw multipliers
 applied as given (POST_SCALE, no renormalisation); ``out[m] = Σ_k w[m,k]·expert_e(x[m])``,
 computed in fp32 and written into ``out`` honouring its strides and dtype.

@@ -1,6 +1,6 @@
 """Data contracts shared by every MoE expert path (torch twins, native CPU, Triton).
 
-Layout convention (seed 003 / SLOTS.md ``moe.fused_experts``): ``gate_up`` holds, per local
+Layout convention (seed 003 / ``moe.fused_experts``, docs/slots/moe.md): ``gate_up`` holds, per local
 expert, the gate rows then the up rows, ``(E_L, 2I, H)``; ``down`` is ``(E_L, H, I)``.
 Quantised formats keep the same logical row order; block scales run along the last
 (contraction) dimension:
@@ -15,7 +15,7 @@ mxfp8  uint8 (E,2I,H)  ...    uint8 E8M0 (E,2I,H/32) ...  None
 nvfp4  uint8 (E,2I,H/2) ...   float8_e4m3fn (E,2I,H/16)   fp32 (E,) = g_alpha·a_inv
 ====== ===================== =========================== ===========================
 
-FP4 bytes hold the even-index element in the low nibble (FORMATS.md). NVFP4 block scales
+FP4 bytes hold the even-index element in the low nibble (docs/formats.md). NVFP4 block scales
 are stored *unswizzled* here; the 128×4 swizzle is a property of the slot's view, undone
 once at prepare time.
 """
