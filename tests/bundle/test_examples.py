@@ -15,6 +15,7 @@ EXPECTED = {
     "honest_norm": (0, "PASS: 1/1 slots passed"),
     "honest_attention": (0, "PASS: 1/1 slots passed"),
     "honest_moe_fused_experts": (0, "PASS: 1/1 slots passed"),  # MiniMax-M3: dense swigluoai + NVFP4 prepare
+    "honest_moe_block_tkg": (0, "PASS: 1/1 slots passed"),  # every model profile and expert format
     "broken_partial_write": (1, "poison_left"),
     "broken_returns_tensor": (1, "returned_value"),
     "broken_unknown_slot": (2, "ops[0].slot: unknown slot 'activation.gelu_and_mul'"),
@@ -30,7 +31,7 @@ def test_every_example_has_an_expectation():
     assert {p.name for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith("collective_")} == set(EXPECTED)
 
 
-SLOW = {"honest_moe_fused_experts"}  # MoE profiles in a worker: tens of seconds on a loaded machine
+SLOW = {"honest_moe_fused_experts", "honest_moe_block_tkg"}  # MoE profiles in a worker: tens of seconds on a loaded machine
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(EXPECTED)])

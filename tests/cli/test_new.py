@@ -57,11 +57,14 @@ def test_template_passes_the_full_isolated_verify(tmp_path, capsys, slot):
     assert rc == 0 and "PASS: 1/1 slots passed" in text, text
 
 
-def test_the_fused_experts_example_is_the_template(tmp_path, capsys):
-    """examples/honest_moe_fused_experts is `kernelslot new moe.fused_experts --model MiniMax-M3`."""
+@pytest.mark.parametrize("slot, example, model", [
+    ("moe.fused_experts", "honest_moe_fused_experts", "MiniMax-M3"), ("moe.block_tkg", "honest_moe_block_tkg", None)])
+def test_the_moe_examples_are_the_templates(tmp_path, capsys, slot, example, model):
+    """examples/honest_moe_* are what `kernelslot new` writes (regenerate them when a template changes)."""
     from pathlib import Path
 
-    example = Path(__file__).resolve().parents[2] / "examples" / "honest_moe_fused_experts"
-    b = _new(tmp_path, capsys, "moe.fused_experts", "--model", "MiniMax-M3")
-    for name in ("fused_experts.py", "metadata.json"):
-        assert (example / name).read_text() == (b / name).read_text(), f"regenerate the example's {name}"
+    ex = Path(__file__).resolve().parents[2] / "examples" / example
+    b = _new(tmp_path, capsys, slot, *(["--model", model] if model else []))
+    for f in b.iterdir():
+        if f.name != "manifest.toml":
+            assert (ex / f.name).read_text() == f.read_text(), f"regenerate examples/{example}/{f.name}"

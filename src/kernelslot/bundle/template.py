@@ -3,7 +3,8 @@
 The bundle holds ``manifest.toml`` (commented), one plain-torch source with ``entry`` (and
 ``prepare`` where the slot has one) and, for a model-specific slot, ``metadata.json`` naming the
 model profile. The source comes from, in order of preference: a hand-written template in
-``templates/`` (``moe.fused_experts``: both prepare forms, the model's activation filled in),
+``templates/`` (``moe.fused_experts``: both prepare forms, the model's activation filled in;
+``moe.block_tkg``: every expert format and model, from the layer view),
 the built-in kernel's own module when it needs nothing but torch (copied, so the author edits
 real, passing code), or a thin module calling the built-in kernel (the starting point to
 replace). Every generated file starts with comments saying what to change.
@@ -21,7 +22,9 @@ from kernelslot.slots.models import MODELS
 
 TEMPLATES = Path(__file__).with_name("templates")
 # slot -> (template file, entry name, prepare name or None)
-HAND_WRITTEN = {"moe.fused_experts": ("moe_fused_experts.py", "fused_experts", "prepare")}
+HAND_WRITTEN = {"moe.fused_experts": ("moe_fused_experts.py", "fused_experts", "prepare"),
+                "moe.block_tkg": ("moe_block_tkg.py", "block_tkg", "prepare")}
+MODEL_SPECIFIC = {"moe.fused_experts"}  # the entry cannot see the model, so the bundle pins one
 _TORCH_ONLY = ("torch", "math", "typing", "__future__")
 
 
@@ -83,6 +86,8 @@ def _source(defn: SlotDef, model: str | None) -> tuple[str, str, str | None]:
     if defn.name in HAND_WRITTEN:
         file, entry, prepare = HAND_WRITTEN[defn.name]
         text = (TEMPLATES / file).read_text(encoding="utf-8")
+        if defn.name not in MODEL_SPECIFIC:
+            return text, entry, prepare
         act = MODELS[model or "generic"].activation
         generated = {"alpha": act.alpha, "up_bias": act.up_bias, "gate_clamp": tuple(act.gate_clamp),
                      "up_clamp": tuple(act.up_clamp)}
@@ -135,7 +140,7 @@ def write_bundle(slot: str, directory: Path, model: str | None = None, force: bo
     models = sorted({p.model for p in defn.profiles})
     if model is not None and model not in models:
         raise TemplateError(f"--model {model!r}: {slot} has no profiles for it; valid: {', '.join(models)}")
-    if model is None and defn.name in HAND_WRITTEN and len(models) > 1:
+    if model is None and defn.name in MODEL_SPECIFIC and len(models) > 1:
         model = "generic"  # a model-specific template: pin the generic profile unless told otherwise
     if directory.exists() and not directory.is_dir():
         raise TemplateError(f"{directory}: exists and is not a directory")

@@ -55,7 +55,9 @@ def _run_section(p: dict[str, Any]) -> list[str]:
     if p.get("command"):
         rows.append(("command", f"<code>{escape(p['command'])}</code>"))
     if seeds:
-        rows.append(("reproduce", f"<code>… --seed-base {seeds[0]} --seeds {len(seeds)}</code> "
+        cmd = p.get("command") or "kernelslot verify ..."
+        again = cmd if "--seed-base" in cmd else f"{cmd} --seed-base {seeds[0]}"
+        rows.append(("reproduce", f"<code>{escape(again)}</code> "
                                   '<span class="note">(the same inputs, in the same order)</span>'))
     if p.get("store_run") is not None:
         rows.append(("stored run", escape(str(p["store_run"]))))
@@ -111,7 +113,7 @@ def _matrix(p: dict[str, Any]) -> list[str]:
     out.append("</tbody></table>")
     legend = " ".join(f'<span title="{escape(", ".join(c["checks"]))}"><b>{escape(c["name"])}</b>: '
                       f'{escape(", ".join(c["checks"]))}</span>' for c in p.get("columns", []))
-    out.append(f'<p class="legend note">Columns and the checks each summarises: {legend}. '
+    out.append(f'<p class="legend note">Columns and the checks each summarises: {legend} '
                '<span class="st-pass">ok</span> passed, <span class="st-fail">FAIL</span> failed, '
                '<span class="st-skip">–</span> skipped or not applicable.</p>')
     return out
