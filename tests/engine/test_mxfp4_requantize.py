@@ -49,3 +49,28 @@ def test_native_mxfp4_serves_a_dequantised_checkpoint(how: str) -> None:
     assert handle.receipts()["moe.fused_experts"]["builtin"]["fallback"] == 0
     handle.uninstall()
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+def test_what_mxfp4config_dequantize_loads_is_served_by_native_mxfp4() -> None:
+    """The parameters are produced by transformers' own MXFP4 dequantiser (the conversion
+    ``Mxfp4Config(dequantize=True)`` applies at load) from checkpoint-layout blocks and scales."""
+    from transformers import Mxfp4Config
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model = build_model("gpt-oss", sizes=dict(hidden=64, inter=64))
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for _, m in experts_modules(model):
+            e, h, two_i = m.gate_up_proj.shape
+            for param, rows, cols in ((m.gate_up_proj, two_i, h), (m.down_proj, h, two_i // 2)):
+                blocks = torch.randint(0, 256, (e, rows, cols // 32, 16), dtype=torch.uint8, generator=gen)
+                scales = torch.randint(119, 125, (e, rows, cols // 32), dtype=torch.uint8, generator=gen)
+                param.copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    model.config.quantization_config = Mxfp4Config(dequantize=True)
+    ids = prompts(model.config.vocab_size)
+    want = logits_of(model, ids)
+    handle = install(model)  # weight_format="auto": the config says the checkpoint was MXFP4
+    got = logits_of(model, ids)
+    assert all(st.weights.format == "mxfp4" for st in handle.states.values())
+    handle.uninstall()
+    torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-5)
