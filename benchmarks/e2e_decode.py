@@ -94,7 +94,7 @@ def decode(model, split: Split, steps: int) -> dict:
 def adapter_overhead(model, state_module, reps: int = 21) -> tuple[float, float]:
     """Median seconds of the kernelslot experts call and of the bare built-in kernel call."""
     st = state_module._kernelslot_experts
-    h = torch.randn(1, st.dense.hidden_size, dtype=state_module.gate_up_proj.dtype)
+    h = torch.randn(1, st.hidden_size, dtype=state_module.gate_up_proj.dtype)
     ids = torch.randperm(st.num_experts)[: model.config.num_experts_per_tok][None]
     w = torch.rand(ids.shape).softmax(-1).to(h.dtype)
     out = torch.empty_like(h)

@@ -153,18 +153,17 @@ class ExpertsState:
         if self.act is None:
             self.key = weight_key(module)
             return
-        weights = expert_weights(module)
-        self.dense = weights
-        if wants_mxfp4(module, self.weight_format):
-            weights = requantize_mxfp4(weights)
+        dense = expert_weights(module)
+        self.hidden_size, self.intermediate_size = dense.hidden_size, dense.intermediate_size
+        self.down_bias = dense.down_bias
+        weights = requantize_mxfp4(dense) if wants_mxfp4(module, self.weight_format) else dense
         attach_fast_paths(weights)  # the built-in's prepare: native layout, once per weight version
         self.weights = weights
-        self.quant = weights.format
         if self.candidates and self.profile is not None:
-            self._prepare_router(module.gate_up_proj.dtype)
-        self.key = weight_key(module)
+            self._prepare_router(dense, module.gate_up_proj.dtype)
+        self.key = weight_key(module)  # the dense copy (if one was made) is dropped here
 
-    def _prepare_router(self, dtype: torch.dtype) -> None:
+    def _prepare_router(self, dense: ExpertWeights, dtype: torch.dtype) -> None:
         from kernelslot.dispatch import SlotRouter
         from kernelslot.slots import get_slot
 
@@ -174,17 +173,17 @@ class ExpertsState:
             for name, r in old.receipts.items():
                 self.router.receipts[name] = r
         if self.has_bias:
-            w13, w2 = _fold_biases(self.dense, dtype)
+            w13, w2 = _fold_biases(dense, dtype)
         else:
-            w13, w2 = self.dense.gate_up.to(dtype), self.dense.down.to(dtype)
+            w13, w2 = dense.gate_up.to(dtype), dense.down.to(dtype)
         self.routed = self.router.prepare(w13, w2)
 
     # -- serving --------------------------------------------------------------------------------
     def descriptor(self, hidden: torch.Tensor, top_k: int) -> CallDescriptor:
-        h = self.dense.hidden_size + (_PAD if self.has_bias else 0)
+        h = self.hidden_size + (_PAD if self.has_bias else 0)
         return CallDescriptor(model=self.profile, phase=self.context.phase, dtype=dtype_name(hidden.dtype),
                               num_tokens=hidden.shape[0], batch_size=self.context.batch_size, top_k=top_k,
-                              hidden_size=h, intermediate_size=self.dense.intermediate_size,
+                              hidden_size=h, intermediate_size=self.intermediate_size,
                               num_experts=self.num_experts, quant="dense", arch=hidden.device.type)
 
     def _count(self, variant: str, **delta: int) -> None:
@@ -233,7 +232,7 @@ class ExpertsState:
         x[:, h] = 1
         out = torch.empty_like(x)
         self.router(desc, x, ids, weights, self.routed, out)
-        bias = self.dense.down_bias[ids.clamp(min=0).long()] * (weights * (ids >= 0)).unsqueeze(-1)
+        bias = self.down_bias[ids.clamp(min=0).long()] * (weights * (ids >= 0)).unsqueeze(-1)
         return (out[:, :h].float() + bias.sum(1)).to(hidden.dtype)
 
     def receipt_table(self) -> dict[str, Receipt]:
