@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,7 +33,9 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from kernelslot.verify import sandbox
 from kernelslot.verify.collective_wire import WireError, recv_frame, send_frame
+from kernelslot.verify.sandbox import neutral_env
 
 __all__ = ["CollectiveSession", "SessionError", "stuck_where", "STARTUP_S"]
 
@@ -83,6 +86,7 @@ class CollectiveSession:
         self.logs: list[str] = []
         self._next_key = 0
         self._logdir = tempfile.mkdtemp(prefix="kernelslot-collective-")
+        self.sandbox = sandbox.current()  # every rank runs candidate code: each is sandboxed
         self._store = dist.TCPStore("127.0.0.1", 0, self.world, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(seconds=STARTUP_S))
         try:
@@ -107,13 +111,15 @@ class CollectiveSession:
         for rank in range(self.world):
             parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             log = os.path.join(self._logdir, f"rank{rank}.log")
+            scratch = tempfile.mkdtemp(prefix=f"rank{rank}-", dir=self._logdir)
             cmd = [sys.executable, "-m", "kernelslot.verify.collective_worker", "--fd", str(child.fileno()),
                    "--rank", str(rank), "--world", str(self.world), "--spare",
                    "--backend", self.backend, "--device", self.device, "--store-port", str(self._store.port),
-                   "--timeout", str(pg_timeout)]
-            with open(log, "wb") as fh:
-                proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        pass_fds=(child.fileno(),), start_new_session=True, env=self._child_env())
+                   "--timeout", str(pg_timeout), "--sandbox", self.sandbox.mode, "--scratch", scratch]
+            with open(log, "wb") as fh:  # loopback kept: the process group meets on this process's TCP store
+                proc = self.sandbox.popen(cmd, scratch_dir=scratch, allow_loopback=True, pass_fds=(child.fileno(),),
+                                          env=self._child_env(scratch), stdout=fh, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
             child.close()
             self.procs.append(proc)
             self.socks.append(parent)
@@ -133,12 +139,16 @@ class CollectiveSession:
                 if msg.get("op") == "ready":
                     waiting.discard(process)
 
-    @staticmethod
-    def _child_env() -> dict[str, str]:
-        """The referee's import path (so a rank imports kernelslot and module candidates as here), one thread each."""
+    def _child_env(self, scratch: str) -> dict[str, str]:
+        """The sandbox's neutral environment, the referee's import path (so a rank imports kernelslot and
+        module candidates as here), the process-group libraries' settings, one thread each."""
         path = [p for p in sys.path if p and os.path.isdir(p)]
         extra = os.environ.get("PYTHONPATH")
-        return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path + ([extra] if extra else []))}
+        comm = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_", "CUDA_", "TORCH_", "KERNELSLOT_"))}
+        # the built-in kernels' native library cache stays the referee's (read-only inside the sandbox)
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return {**neutral_env(self.sandbox, scratch), **comm, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": cache,
+                "PYTHONPATH": os.pathsep.join(path + ([extra] if extra else []))}
 
     @staticmethod
     def _name(process: int) -> str:
@@ -190,15 +200,7 @@ class CollectiveSession:
         for sock in self.socks:
             sock.close()
         self.procs, self.socks = [], []
-        for log in self.logs:
-            try:
-                os.remove(log)
-            except OSError:
-                pass
-        try:
-            os.rmdir(self._logdir)
-        except OSError:
-            pass
+        shutil.rmtree(self._logdir, ignore_errors=True)  # logs and every rank's scratch
         self._store = None
 
     def exchange(self, frames: Sequence[tuple[dict, list[int]]], expect: str, seq: int, step: str

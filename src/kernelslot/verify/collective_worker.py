@@ -139,7 +139,7 @@ class _Rank:
             return {"op": "prepared", "error": "the slot needs prepare() but the kernel has none", "cause": "load_failed"}
         args = [self.value(d) for d in msg["prepare_args"]]
         try:
-            with _Watchdog(self._stalled(-1), self.stall_after_s):
+            with _Watchdog(self._stalled(int(msg["seq"])), self.stall_after_s):
                 self.prepared = prepare(*args)
         except BaseException:  # noqa: BLE001 - SystemExit from candidate code is contained too
             return {"op": "prepared", "error": traceback.format_exc(limit=8), "cause": "exception"}
@@ -295,7 +295,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--store-port", type=int, required=True)
     parser.add_argument("--timeout", type=float, required=True)
+    parser.add_argument("--sandbox", default="none", help="the sandbox mode this process was started in")
+    parser.add_argument("--scratch", default="", help="its private scratch directory")
     a = parser.parse_args(argv)
+    from kernelslot.verify.sandbox import confine
+
+    confine(a.sandbox, a.scratch)  # before any candidate code: finish what the launcher could not
     sock = socket.socket(fileno=a.fd)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     code = 0
