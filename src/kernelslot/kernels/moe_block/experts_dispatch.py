@@ -10,6 +10,10 @@ and the call (device, activation, ``T``) is covered, or ``None``: the caller the
 leaf. Nothing is repacked per call. Numerics: fp32 accumulation, the same MXFP8 activation
 quantisation; results equal the torch leaves up to fp32 rounding order.
 
+The whole decode block has the same arrangement: :func:`attach_native_block` at
+``prepare_moe_block`` time, :func:`native_block` first in ``moe_block_tkg`` (one native call for
+norm, router, top-K, routed and shared experts; ``False`` -> the torch block runs).
+
 ``KERNELSLOT_NATIVE=0`` turns the native path off (the library then never loads).
 """
 from __future__ import annotations
@@ -23,6 +27,7 @@ from kernelslot.kernels.moe_block.config import ScalingMode
 from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
 
 _ATTACHED: dict[int, Any] = {}  # id(ExpertWeights) -> NativeExperts
+_BLOCKS: dict[int, Any] = {}  # id(MoeBlockParams) -> NativeBlock
 
 
 def attach_fast_paths(weights: ExpertWeights) -> None:
@@ -35,6 +40,33 @@ def attach_fast_paths(weights: ExpertWeights) -> None:
         return
     _ATTACHED[id(weights)] = native.prepare_native_experts(weights)
     weakref.finalize(weights, _ATTACHED.pop, id(weights), None)
+
+
+def attach_native_block(params: Any) -> None:
+    """Prepare-time (after :func:`attach_fast_paths` on its experts): remember the whole-block
+    native view of ``params`` (:class:`MoeBlockParams`) when every part of it is covered."""
+    experts = _ATTACHED.get(id(params.experts))
+    if experts is None or id(params) in _BLOCKS:
+        return
+    from kernelslot.kernels.native.block import prepare_native_block
+
+    shared = _ATTACHED.get(id(params.shared.weights)) if params.shared is not None else None
+    block = prepare_native_block(params, experts, shared)
+    if block is not None:
+        _BLOCKS[id(params)] = block
+        weakref.finalize(params, _BLOCKS.pop, id(params), None)
+
+
+def native_block(params: Any, x: torch.Tensor, residual: Optional[torch.Tensor], eps: float, out: torch.Tensor,
+                 out_residual: Optional[torch.Tensor], router_logits: Optional[torch.Tensor]) -> bool:
+    """The whole block in one native call when its view is attached and the call is covered
+    (CPU, fp32/bf16 I/O, ``1 <= T <= 64``); returns whether it ran (outputs then written)."""
+    block = _BLOCKS.get(id(params))
+    if block is None:
+        return False
+    from kernelslot.kernels.native.block import moe_block_native
+
+    return moe_block_native(block, x, residual, eps, out, out_residual, router_logits)
 
 
 def _covered(weights: ExpertWeights, h: torch.Tensor, act: ExpertActivation):

@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 from kernelslot.kernels.moe_block.config import MoeBlockConfig, ScalingMode, SharedExpert
-from kernelslot.kernels.moe_block.experts_dispatch import attach_fast_paths
+from kernelslot.kernels.moe_block.experts_dispatch import attach_fast_paths, attach_native_block, native_block
 from kernelslot.kernels.moe_block.leaves import all_expert_experts, selective_experts
 from kernelslot.kernels.moe_block.masking import local_expert_index, mask_affinities
 from kernelslot.kernels.moe_block.rmsnorm import residual_rmsnorm
@@ -76,6 +76,7 @@ def prepare_moe_block(kind: str, layer: Any) -> MoeBlockParams:
     attach_fast_paths(params.experts)  # native CPU layout, built once here
     if params.shared is not None:
         attach_fast_paths(params.shared.weights)
+    attach_native_block(params)  # the whole block in one native call, where covered
     return params
 
 
@@ -100,6 +101,8 @@ def moe_block_tkg(
     cfg = params.config
     if x.dim() != 2 or x.shape[1] != params.experts.hidden_size:
         raise ValueError(f"moe_block: x must be (T, H={params.experts.hidden_size}), got {tuple(x.shape)}")
+    if native_block(params, x, residual, eps, out, out_residual, router_logits):
+        return
     h = residual_rmsnorm(x, residual, params.gamma, eps, out_residual)
     routed = route(
         h, params.router_weight, cfg.top_k, cfg.router_activation, cfg.router_pre_norm, cfg.norm_topk_prob,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 ISA_NAMES = ("portable", "avx2", "avx512", "avx512bf16")
 _SRC_DIR = Path(__file__).resolve().parent
-_SOURCES = ("ks_native.h", "ks_kernels.c", "ks_native.c", "ks_pool.c", "ks_fp4_avx2.c")
+_SOURCES = ("ks_native.h", "ks_kernels.c", "ks_native.c", "ks_pool.c", "ks_fp4_avx2.c", "ks_block.c")
 _COMMON = ["-O3", "-fPIC", "-std=gnu11", "-fno-strict-aliasing", "-fvisibility=default"]
 _X86_FLAGS = {
     0: [],
@@ -65,7 +65,7 @@ def _compiler() -> str | None:
 
 def _objects(x86: bool) -> list[tuple[str, list[str]]]:
     """(source, extra flags) of every object in the library."""
-    objs = [("ks_native.c", []), ("ks_pool.c", []), ("ks_kernels.c", ["-DKS_ISA=0"])]
+    objs = [("ks_native.c", []), ("ks_pool.c", []), ("ks_block.c", []), ("ks_kernels.c", ["-DKS_ISA=0"])]
     if x86:
         objs += [("ks_fp4_avx2.c", _X86_FLAGS[1]),
                  ("ks_kernels.c", ["-DKS_ISA=1", *_X86_FLAGS[1]]),
@@ -108,6 +108,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     c_int, c_i64, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     lib.ks_moe_experts.restype = c_int
     lib.ks_moe_experts.argtypes = [vp, vp, vp, c_i64, vp, vp, c_i64, c_int, c_int, vp, c_int, c_int]
+    lib.ks_moe_block.restype = c_int
+    lib.ks_moe_block.argtypes = [vp, vp, vp, c_i64, c_int, ctypes.c_float, vp, vp, vp, c_int, c_int]
     lib.ks_mxfp8_quantize.restype = c_int
     lib.ks_mxfp8_quantize.argtypes = [vp, c_i64, c_i64, vp, vp]
     lib.ks_read_bandwidth_probe.restype = ctypes.c_double
