@@ -3,7 +3,7 @@
 # It verifies every single-device slot's built-in kernels on CUDA (CUDA-graph replay included
 # for graph_safe entries), an example bundle under the worker runner with CUDA IPC, and the
 # CUDA-only tests. Results go to $OUT (default /tmp/gpu_check). Collective slots need two GPUs
-# for NCCL and are not part of this check.
+# for NCCL: where two or more exist, the collective graph-replay tests run too.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
@@ -26,3 +26,10 @@ timeout 300 python3 -m kernelslot.cli verify examples/honest_attention --device 
 
 echo "== CUDA-only tests"
 timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/verify/test_graph_cuda.py 2>&1 | tail -15
+
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+  echo "== collective graph replay on NCCL (two GPUs)"
+  timeout 600 python3 -m pytest -q -m cuda -p no:cacheprovider tests/verify/test_collective_cuda.py 2>&1 | tail -15
+else
+  echo "== collective graph replay on NCCL: not run (needs two GPUs)"
+fi

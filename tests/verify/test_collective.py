@@ -93,6 +93,17 @@ def test_verify_slot_routes_collectives(monkeypatch):
     assert verify_slot(defn, Candidate(defn.incumbent)) == "routed" and calls == [defn.name]
 
 
+def test_dependency_runs_one_way():
+    """The pipeline knows nothing of collectives; the front door (verify/referee.py) dispatches by slot kind."""
+    import inspect
+
+    import kernelslot.verify.pipeline as pipeline
+
+    assert "verify.collective" not in inspect.getsource(pipeline)
+    with pytest.raises(ValueError, match="collective slot"):
+        pipeline.verify_slot(get_slot("collective.all_reduce"), Candidate(get_slot("collective.all_reduce").incumbent))
+
+
 def _cheat(name: str) -> tuple[object, Candidate]:
     mod = importlib.import_module(f"tests.cheats.{name}")
     return mod, Candidate(Kernel(mod.entry, getattr(mod, "prepare", None), name=f"cheat.{name}"))

@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from kernelslot.abi import AllocatedOutput, Role, SlotKind, allocate_output
+from kernelslot.abi import AllocatedOutput, Role, allocate_output
 from kernelslot.abi.tensor_spec import allocate_plain, canary_value
 from kernelslot.slots.base import Candidate, Case, Kernel, KernelSource, Profile, SlotDef, dtype_name
 from kernelslot.slots.collective import RankShare, rank_shares, world_of
@@ -241,6 +241,7 @@ class _ProfileCheck:
         self.calls = call_sequence(opts, self.graphs)
         self.case = make_case(defn, profile, seed, 0)
         self.live = self.case.live_names()
+        self.devices = list(devices)
         self.ranks = [_RankTensors(share, defn, dict(self.case.outputs), devices[r], session)
                       for r, share in enumerate(rank_shares(self.case))]
         self.performed: set[str] = set()
@@ -285,6 +286,8 @@ class _ProfileCheck:
                     alloc.poison(finite=call.poison == "finite")
             self._snaps.append((snapshot(rt.inputs), {n: TensorMeta.of(a.view) for n, a in outs.items()}))
             values.append(rt.args(call))
+        for dev in {d for d in self.devices if d.type == "cuda"}:  # the rank reads these writes from another process
+            torch.cuda.synchronize(dev)
         return values
 
     def judge(self, call: _Call, rank: int, obs: CallObservation) -> None:

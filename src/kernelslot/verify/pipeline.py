@@ -326,10 +326,9 @@ def verify_slot(
     profiles no variant accepts are reported as skipped. A slot none of whose profiles reached
     a candidate fails: a domain that is never exercised earns nothing.
     """
-    if defn.slot.kind is SlotKind.COLLECTIVE:  # multi-process referee (verify/collective.py)
-        from kernelslot.verify.collective import verify_collective
-
-        return verify_collective(defn, candidates, opts, progress)
+    if defn.slot.kind is SlotKind.COLLECTIVE:
+        raise ValueError(f"{defn.name} is a collective slot: verify it with kernelslot.verify.verify_slot "
+                         "(verify/referee.py), which runs the multi-process referee")
     cands = [candidates] if isinstance(candidates, Candidate) else list(candidates)
     runner = runner or InProcessRunner()
     report = SlotReport(defn.name, ", ".join(c.name for c in cands), runner.name, opts.device)

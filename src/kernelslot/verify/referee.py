@@ -1,0 +1,33 @@
+"""The referee's front door: verify one slot, dispatched by slot kind.
+
+Collective slots (``SlotKind.COLLECTIVE``) go to the multi-process referee
+(:mod:`kernelslot.verify.collective`), every other slot to the single-device pipeline
+(:mod:`kernelslot.verify.pipeline`). The dependency runs one way: this module uses both, the
+collective referee uses the pipeline's helpers, and the pipeline knows nothing of collectives.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from kernelslot.abi import SlotKind
+from kernelslot.slots.base import Candidate, SlotDef
+from kernelslot.verify import pipeline
+from kernelslot.verify.pipeline import Progress, VerifyOptions
+from kernelslot.verify.report import SlotReport
+from kernelslot.verify.runner import Runner
+
+__all__ = ["verify_slot"]
+
+
+def verify_slot(defn: SlotDef, candidates: Candidate | Sequence[Candidate], opts: VerifyOptions = VerifyOptions(),
+                runner: Runner | None = None, progress: Progress | None = None) -> SlotReport:
+    """Verify one slot's candidate variants (see :func:`kernelslot.verify.pipeline.verify_slot`).
+
+    Collective slots run in rank processes of their own, isolated whatever ``runner`` is (it
+    applies to single-device slots only).
+    """
+    if defn.slot.kind is SlotKind.COLLECTIVE:
+        from kernelslot.verify.collective import verify_collective  # spawns rank processes: imported when needed
+
+        return verify_collective(defn, candidates, opts, progress)
+    return pipeline.verify_slot(defn, candidates, opts, runner, progress)
