@@ -189,3 +189,25 @@ def test_a_real_browser_renders_the_matrix(failing_run, tmp_path):
     res = subprocess.run(cmd + [f"--screenshot={shot}", "--window-size=1280,900", (d / "r.html").as_uri()],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and shot.stat().st_size > 20_000, res.stderr[-2000:]  # a blank page is ~5 kB
+
+
+def test_an_interrupted_run_keeps_every_finished_slot(tmp_path, capsys, monkeypatch):
+    import kernelslot.verify as verify
+
+    real = verify.verify_slot
+
+    def stop_at_the_second_slot(defn, *args, **kw):
+        if defn.name == "norm.rmsnorm":
+            raise KeyboardInterrupt
+        return real(defn, *args, **kw)
+
+    monkeypatch.setattr(verify, "verify_slot", stop_at_the_second_slot)
+    rc = main(["verify", "--slot", "activation.silu_and_mul", "--slot", "norm.rmsnorm", *FAST,
+               "--json", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html"), "--store", str(tmp_path / "s.db")])
+    assert rc == 130 and "interrupted" in capsys.readouterr().err
+    p = json.loads((tmp_path / "r.json").read_text())
+    assert p["status"] == "interrupted" and [s["slot"] for s in p["slots"]] == ["activation.silu_and_mul"]
+    assert "activation.silu_and_mul" in (tmp_path / "r.html").read_text()
+    store = ResultStore(tmp_path / "s.db")
+    assert store.runs()[0]["status"] == "interrupted" and store.runs()[0]["total"] > 0
+    store.close()

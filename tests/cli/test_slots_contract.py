@@ -28,7 +28,7 @@ def test_fused_experts_contract_names_every_fact_an_author_needs(capsys):
         assert row in text
     assert "write through the given strides" in text
     # both prepare forms; the dense weights' symbolic shapes; every field of the NVFP4 view
-    assert "`w13` | float32 (E, 2I, H)" in text and "`w2` | float32 (E, H, I)" in text
+    assert "`w13` | float32 (E, 2I, H) or bfloat16 (E, 2I, H)" in text and "`w2` | float32 (E, H, I)" in text
     assert "gate rows then the up rows" in text
     assert 'prepare("nvfp4_layer", view)' in text
     for f in dataclasses.fields(Nvfp4MoeLayer):
@@ -49,8 +49,9 @@ def test_json_is_the_same_contract(capsys):
     data = json.loads(slots_text(capsys, "moe.fused_experts", "--json"))
     assert [a["name"] for a in data["arguments"]] == ["x", "topk_ids", "topk_weights", "prepared", "out"]
     forms = {f["form"]: f for f in data["prepare"]}
-    view = forms['prepare("nvfp4_layer", view)']["arguments"]["view"]["fields"]
-    assert set(view) == {f.name for f in dataclasses.fields(Nvfp4MoeLayer)}
+    view = {f["path"]: f["holds"] for f in forms['prepare("nvfp4_layer", view)']["fields"]}
+    assert set(view) == {"kind", "view"} | {f"view.{f.name}" for f in dataclasses.fields(Nvfp4MoeLayer)}
+    assert view["view.w13_weight"] == ["uint8 (6, 128, 64)"] and forms["prepare(w13, w2)"]["profiles"]
     minimax = next(m for m in data["models"] if m["model"] == "MiniMax-M3")
     assert minimax["activation"] == {**minimax["activation"], "kind": "swigluoai", "alpha": 1.702, "up_bias": 1.0,
                                      "gate_clamp": [None, 7.0], "up_clamp": [-7.0, 7.0]}

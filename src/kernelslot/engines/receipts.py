@@ -67,6 +67,7 @@ def qualify(bundle, slots: tuple[str, ...], store: str | Path, *, timeout_s: flo
             report = verify_slot(get_slot(s), offered[s], opts, runner=runner)
             db.add_report(run_id, report)
             result[s] = report.passed
+        db.finish_run(run_id, "pass" if all(result[s] for s in todo) else "fail")
     finally:
         runner.close()
         db.close()

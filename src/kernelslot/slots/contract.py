@@ -13,6 +13,7 @@ applied to every profile (plus the fields the referee sets itself: ``arch``, ``d
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 import sys
 import textwrap
@@ -36,30 +37,34 @@ def _scalar_dims(profile: Profile) -> dict[str, int]:
     return {k: v for k, v in profile.dims.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
 
 
-def _symbolic(shapes: list[tuple[tuple[int, ...], dict[str, int]]]) -> str | None:
-    """One expression per axis (a dimension name, 2·name, name/2, name/16, name/32) that fits
-    every profile's concrete shape; None when some axis has no such expression."""
-    if not shapes or len({len(s) for s, _ in shapes}) != 1:
+_EXPRS = (("{}", 1.0), ("2{}", 2.0), ("{}/2", 0.5), ("{}/16", 1 / 16), ("{}/32", 1 / 32))
+
+
+def _symbolic(shapes: list[tuple[tuple[int, ...], dict[str, int]]], packed: bool) -> str | None:
+    """One expression per axis (a dimension name, else 2·name; for ``packed`` quantised tensors
+    also name/2, name/16, name/32) that fits every profile's concrete shape. None — the caller
+    then lists concrete shapes — when the profiles show fewer than two distinct shapes (no
+    evidence), when an axis has no such expression, or when two of the preferred kind both fit."""
+    if len({s for s, _ in shapes}) < 2 or len({len(s) for s, _ in shapes}) != 1:
         return None
     axes = []
     for axis in range(len(shapes[0][0])):
-        fits = None
-        for shape, dims in shapes:
-            here = set()
-            for name, v in dims.items():
-                for expr, val in ((name, v), (f"2{name}", 2 * v), (f"{name}/2", v / 2), (f"{name}/16", v / 16),
-                                  (f"{name}/32", v / 32)):
-                    if val == shape[axis]:
-                        here.add(expr)
-            fits = here if fits is None else fits & here
-        if not fits:
+        for pattern, factor in _EXPRS if packed else _EXPRS[:2]:
+            fits = None
+            for shape, dims in shapes:
+                here = {pattern.format(n) for n, v in dims.items() if v * factor == shape[axis]}
+                fits = here if fits is None else fits & here
+            if fits:
+                break
+        if not fits or len(fits) > 1:
             return None
-        axes.append(sorted(fits, key=lambda e: (len(e), e))[0])
-    return "(" + ", ".join(axes) + ")"
+        axes.append(next(iter(fits)))
+    return "(" + ", ".join(axes) + (",)" if len(axes) == 1 else ")")
 
 
-def _shape_text(shapes: list[tuple[tuple[int, ...], dict[str, int]]]) -> str:
-    sym = _symbolic(shapes)
+def _shape_text(shapes: list[tuple[tuple[int, ...], dict[str, int]]], dtype: torch.dtype | str | None = None) -> str:
+    name = dtype_name(dtype) if isinstance(dtype, torch.dtype) else str(dtype)
+    sym = _symbolic(shapes, packed=name in ("uint8", "int8") or name.startswith("float8"))
     if sym is not None:
         return sym
     distinct = sorted({s for s, _ in shapes}, key=lambda s: (len(s), s))
@@ -73,22 +78,30 @@ def _dtype_text(dtypes: set[str], profile_dtypes: set[str]) -> str:
     return ", ".join(sorted(dtypes))
 
 
-def _describe_value(v: Any, dims: dict[str, int]) -> dict[str, Any]:
-    if isinstance(v, torch.Tensor):
-        return {"type": "tensor", "dtype": dtype_name(v.dtype), "shape": list(v.shape),
-                "layout": "contiguous" if v.is_contiguous() else f"strided {list(v.stride())}"}
+def _leaves(prefix: str, v: Any, out: dict[str, list[Any]]) -> None:
+    """Flatten a prepare argument: dataclass fields recursively, by dotted path (order kept)."""
+    out.setdefault(prefix, []).append(v)
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        fields = {}
         for f in dataclasses.fields(v):
-            fields[f.name] = _describe_value(getattr(v, f.name), dims)
-        return {"type": type(v).__name__, "module": type(v).__module__, "fields": fields}
-    if v is None:
-        return {"type": "None"}
-    if isinstance(v, (bool, int, float, str)):
-        return {"type": type(v).__name__, "value": v}
-    if isinstance(v, (tuple, list)):
-        return {"type": type(v).__name__, "value": repr(v)}
-    return {"type": type(v).__name__, "value": str(v)}
+            _leaves(f"{prefix}.{f.name}", getattr(v, f.name), out)
+
+
+def _variants(values: list[tuple[Any, dict[str, int]]]) -> list[str]:
+    """What one field holds over the profiles: tensors by dtype with their shape, else values/types."""
+    by_dtype: dict[str, list] = {}
+    others: list[str] = []
+    for v, dims in values:
+        if isinstance(v, torch.Tensor):
+            by_dtype.setdefault(dtype_name(v.dtype), []).append((tuple(v.shape), dims))
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            others.append(type(v).__name__)
+        elif v is None or isinstance(v, (bool, int, float, str, tuple)) or isinstance(v, enum.Enum):
+            others.append("None" if v is None else f"{type(v).__name__} {v.name if isinstance(v, enum.Enum) else v!r}")
+        else:
+            others.append(type(v).__name__)
+    out = [f"{dt} {_shape_text(shapes, dt)}" for dt, shapes in by_dtype.items()]
+    distinct = list(dict.fromkeys(others))
+    return out + distinct[:6] + (["…"] if len(distinct) > 6 else [])
 
 
 def _arguments(defn: SlotDef, cases: list[tuple[Profile, Any]]) -> list[dict[str, Any]]:
@@ -134,10 +147,11 @@ def _arguments(defn: SlotDef, cases: list[tuple[Profile, Any]]) -> list[dict[str
 
 
 def _prepare_forms(defn: SlotDef, cases: list[tuple[Profile, Any]]) -> list[dict[str, Any]]:
+    """Each prepare form with every argument and view field as seen over all its profiles."""
     if not defn.slot.needs_prepare:
         return []
     forms: dict[str, dict[str, Any]] = {}
-    shapes: dict[str, dict[str, list]] = {}
+    seen: dict[str, dict[str, list]] = {}
     for p, c in cases:
         args = c.prepare_args
         tagged = bool(args) and isinstance(args[0], str)
@@ -146,25 +160,23 @@ def _prepare_forms(defn: SlotDef, cases: list[tuple[Profile, Any]]) -> list[dict
             names = ("kind", "view")  # the tagged form: a kind string and a view object
         form = (f'prepare("{args[0]}", ' + ", ".join(names[1:]) + ")" if tagged
                 else "prepare(" + ", ".join(names) + ")")
-        named = dict(zip(names, args))
-        for k, v in named.items():
-            if isinstance(v, torch.Tensor):
-                shapes.setdefault(form, {}).setdefault(k, []).append((tuple(v.shape), _scalar_dims(p)))
+        leaves: dict[str, list[Any]] = {}
+        for k, v in zip(names, args):
+            _leaves(k, v, leaves)
+        for path, vals in leaves.items():
+            seen.setdefault(form, {}).setdefault(path, []).extend((v, _scalar_dims(p)) for v in vals)
         if form not in forms:
-            params = {k: _describe_value(v, _scalar_dims(p)) for k, v in named.items()}
             docs = {}
             for v in args:  # a view's conventions: its class's doc, or its module's where that holds them
                 if dataclasses.is_dataclass(v) and not isinstance(v, type):
                     own = type(v).__module__ == defn.make_case.__module__
                     doc = inspect.getdoc(type(v) if own else sys.modules.get(type(v).__module__))
                     docs[type(v).__name__] = textwrap.dedent(doc or "").strip()
-            forms[form] = {"form": form, "example_profile": p.name, "example_dims": dict(_scalar_dims(p)),
-                           "arguments": params, "conventions": docs, "profiles": []}
+            forms[form] = {"form": form, "profiles": [], "conventions": docs}
         if p.name not in forms[form]["profiles"]:
             forms[form]["profiles"].append(p.name)
-    for form, by_arg in shapes.items():  # a tensor argument's shape over every profile of the form
-        for k, seen in by_arg.items():
-            forms[form]["arguments"][k]["shape_over_profiles"] = _shape_text(seen)
+    for form, paths in seen.items():
+        forms[form]["fields"] = [{"path": path, "holds": _variants(vals)} for path, vals in paths.items()]
     return list(forms.values())
 
 
@@ -288,22 +300,6 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
             + ["| " + " | ".join(esc(c) for c in r) + " |" for r in rows])
 
 
-def _value_text(v: dict[str, Any]) -> str:
-    if v["type"] == "tensor":
-        over = v.get("shape_over_profiles")
-        return f"{v['dtype']} {over or tuple(v['shape'])} {v['layout']}"
-    if "fields" in v:
-        return v["type"]
-    return f"{v['type']} {v.get('value', '')}".strip()
-
-
-def _fields_rows(prefix: str, value: dict[str, Any], rows: list[list[str]]) -> None:
-    for name, f in value.get("fields", {}).items():
-        rows.append([f"`{prefix}{name}`", _value_text(f)])
-        if "fields" in f:
-            _fields_rows(f"{prefix}{name}.", f, rows)
-
-
 def render_contract(c: dict[str, Any], heading: str = "#", semantics_shown_for: str | None = None) -> str:
     """Markdown text of a contract; ``semantics_shown_for`` names a slot above on the same page
     whose (identical) semantics text is referred to instead of repeated."""
@@ -327,14 +323,9 @@ def render_contract(c: dict[str, Any], heading: str = "#", semantics_shown_for: 
     lines += ["Inputs must stay bit-exactly unchanged; every output cell must be written; `entry` returns None "
               "and never rebinds, aliases or keeps a reference to an argument.", ""]
     for form in c["prepare"]:
-        lines += [f"{h2} `{form['form']}`", "",
-                  f"Used by profiles: {', '.join(form['profiles'])}. Example at {form['example_profile']} "
-                  f"({', '.join(f'{k}={v}' for k, v in form['example_dims'].items())}):", ""]
-        rows = []
-        for name, v in form["arguments"].items():
-            rows.append([f"`{name}`", _value_text(v)])
-            _fields_rows(f"{name}.", v, rows)
-        lines += _table(["argument / field", "type, dtype, shape, layout"], rows) + [""]
+        lines += [f"{h2} `{form['form']}`", "", f"Used by profiles: {', '.join(form['profiles'])}.", ""]
+        rows = [[f"`{f['path']}`", " or ".join(f["holds"])] for f in form["fields"]]
+        lines += _table(["argument / field", "holds (over those profiles: dtype and shape, or value)"], rows) + [""]
         for cls, doc in form["conventions"].items():
             quoted = "\n".join(("> " + ln).rstrip() for ln in doc.splitlines())
             lines += [f"Conventions of `{cls}`:", "", quoted, ""]
