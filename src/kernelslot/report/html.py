@@ -2,7 +2,7 @@
 
 Sections: the run (verdict, bundle and hash, device, runner, seeds and how to reproduce); an
 overview matrix per slot (profile × dtype, one coloured cell per verdict); the verdict table
-(slot × profile × dtype × seed with every column's state — the same columns as the terminal
+(profile × dtype × seed under a row per slot, with every column's state — the same columns as the terminal
 table and the JSON ``columns``); the failures with their first lines (full text folded); and,
 for a timed run, an inline SVG per slot of candidate vs incumbent median time per profile with
 the spread ((max−min)/median of the repetitions) drawn as a whisker.
@@ -28,7 +28,7 @@ th{background:#f1f3f8;font-weight:600} td.c{text-align:center}
 dl.run{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:10px 0} dl.run dt{color:#556;font-weight:600}
 dl.run dd{margin:0} details{margin:2px 0} summary{cursor:pointer} .msg{white-space:pre-wrap;margin:4px 0 8px 18px;color:#333}
 .fail-line{color:#b71c1c} .legend span{display:inline-block;padding:0 6px;margin-right:6px;border:1px solid #d5d9e2}
-.note{color:#556;font-size:12.5px} td.mono{max-width:420px;overflow-wrap:anywhere}
+.note{color:#556;font-size:12.5px} td.mono{min-width:180px;max-width:420px;overflow-wrap:anywhere}
 """
 
 
@@ -90,7 +90,7 @@ def _overview(slot: dict[str, Any]) -> list[str]:
 
 def _matrix(p: dict[str, Any]) -> list[str]:
     columns = [c["name"] for c in p.get("columns", [])]
-    head = ["slot", "profile", "model", "dtype", "seed", "verdict"] + columns + ["metrics / reason"]
+    head = ["profile", "model", "dtype", "seed", "verdict"] + columns + ["metrics / reason"]  # grouped by slot
     out = ['<table id="matrix"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for slot in p.get("slots", []):
         verdict = "pass" if slot.get("passed") else "fail"
@@ -103,7 +103,7 @@ def _matrix(p: dict[str, Any]) -> list[str]:
             cols = r.get("columns", {})
             extra = r.get("skipped_reason") or " ".join(f"{k}={v:.4g}" if isinstance(v, (int, float)) else f"{k}={v}"
                                                         for k, v in sorted((r.get("metrics") or {}).items()))
-            cells = [escape(slot["slot"]), escape(r["profile"]), escape(str(r.get("model", ""))), escape(r["dtype"]),
+            cells = [escape(r["profile"]), escape(str(r.get("model", ""))), escape(r["dtype"]),
                      escape(str(r.get("seed", "")))]
             out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells)
                        + f'<td class="c {_state(st)}" data-check="verdict">{_MARK.get(st, escape(st))}</td>'
