@@ -117,6 +117,8 @@ CHEATS = [
     ("collective_reduce_into_input", "decode_batch.w2", 30.0, [("input_mutated", 0, "x:")]),
     ("collective_cache_by_fingerprint", "decode_batch.w2", 30.0, [("replay", 0, "replay 2: out: matched_ratio")]),
     ("collective_experts_no_reduce", "ep_decode.w2", 30.0, [("compare", 0, "matched_ratio")]),
+    ("collective_experts_wrap_minus_one", "ep_padded_ids.w2", 30.0,
+     [("compare", 0, "it matches the reference with id -1 read as the last local expert")]),
     ("collective_own_group", "decode_batch.w2", 30.0, [("raised", 0, "new_group() called by the candidate")]),
     ("collective_rank_raises", "decode_batch.w2", 30.0, [("raised", 1, "cheat: rank 1 gives up")]),
     ("collective_rank_exits", "decode_batch.w2", 30.0, [("raised", 1, "exited with code 7")]),

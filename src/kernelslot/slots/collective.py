@@ -31,7 +31,7 @@ from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, OutputSpec, Role, 
 from kernelslot.kernels import collective as builtin
 from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, randn
 
-__all__ = ["RankShare", "rank_shares", "world_of", "SLOTS", "WORLD_SIZES"]
+__all__ = ["RankShare", "rank_shares", "world_of", "SLOTS", "WORLD_SIZES", "NEAR_MISSES"]
 
 DTYPES = (torch.float32, torch.bfloat16)
 WORLD_SIZES = (2, 4)
@@ -272,6 +272,30 @@ def _fe_reference(case: Case) -> dict[str, torch.Tensor]:
     total = sum(_local_experts64(s.inputs["x"], s.inputs["topk_ids"], s.inputs["topk_weights"], *s.prepare_args)
                 for s in rank_shares(case))
     return {"out": total.float()}
+
+
+def _fe_wrapped_ids_reference(case: Case) -> dict[str, torch.Tensor] | None:
+    """The near-miss that reads id -1 as the last local expert (negative indexing); None without -1 ids."""
+    shares = rank_shares(case)
+    if not any(bool((s.inputs["topk_ids"] < 0).any()) for s in shares):
+        return None
+    total = 0
+    for s in shares:
+        ids = s.inputs["topk_ids"]
+        wrapped = torch.where(ids < 0, ids + s.prepare_args[0].shape[0], ids)
+        total = total + _local_experts64(s.inputs["x"], wrapped, s.inputs["topk_weights"], *s.prepare_args)
+    return {"out": total.float()}
+
+
+# Named near-misses: (what the candidate did, the reference it would match then). On a failed
+# comparison the referee says which one the output matches, so the author learns the cause.
+NEAR_MISSES: dict[str, tuple[tuple[str, Callable[[Case], dict[str, torch.Tensor] | None]], ...]] = {
+    "moe.fused_experts_reduce": (
+        ("id -1 read as the last local expert (negative indexing); -1 marks an empty slot (engines pad with it, "
+         "and expert-parallel ranks see it for experts they do not hold): it must contribute nothing",
+         _fe_wrapped_ids_reference),
+    ),
+}
 
 
 def _fe_describe(case: Case) -> CallDescriptor:
