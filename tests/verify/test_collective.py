@@ -119,6 +119,7 @@ CHEATS = [
     ("collective_experts_no_reduce", "ep_decode.w2", 30.0, [("compare", 0, "matched_ratio")]),
     ("collective_experts_wrap_minus_one", "ep_padded_ids.w2", 30.0,
      [("compare", 0, "it matches the reference with id -1 read as the last local expert")]),
+    ("collective_sniffs_shared_memory", "decode_batch.w2", 30.0, [("replay", 0, "plain-output call: out: matched_ratio")]),
     ("collective_own_group", "decode_batch.w2", 30.0, [("raised", 0, "new_group() called by the candidate")]),
     ("collective_rank_raises", "decode_batch.w2", 30.0, [("raised", 1, "cheat: rank 1 gives up")]),
     ("collective_rank_exits", "decode_batch.w2", 30.0, [("raised", 1, "exited with code 7")]),

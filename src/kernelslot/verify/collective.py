@@ -67,6 +67,7 @@ class _Call:
     poison: str = "nan"  # nan | finite | random (the plain call)
     plain: bool = False  # contiguous outputs at offset 0, as an engine passes them
     graph: str | None = None  # capture | replay (CUDA graph)
+    private: bool = False  # the rank hands the candidate private copies (not shared memory), copied back
 
     @property
     def label(self) -> str:
@@ -84,7 +85,7 @@ def call_sequence(opts: VerifyOptions, graphs: bool) -> list[_Call]:
     replays = opts.replays + (secrets.randbelow(opts.extra_replays + 1) if opts.extra_replays else 0)
     calls = [_Call(0)] + [_Call(r, REFILL_SCHEDULE[(r - 1) % len(REFILL_SCHEDULE)], "finite" if r == 1 else "nan")
                           for r in range(1, replays + 1)]
-    calls.append(_Call(_PLAIN_CALL, poison="random", plain=True))
+    calls.append(_Call(_PLAIN_CALL, poison="random", plain=True, private=True))
     if graphs:
         calls += [_Call(1000, graph="capture"), _Call(1001, graph="replay"), _Call(1002, "tail", graph="replay")]
     return calls
@@ -361,7 +362,8 @@ def _run_profile(session: CollectiveSession, defn: SlotDef, cand: Candidate, src
         for rt, vals in zip(check.ranks, values):
             descs = rt.describe_args(vals)
             storages, fds = rt.take_storages()
-            frames.append(({"op": "call", "args": descs, "storages": storages, "graph": call.graph}, fds))
+            frames.append(({"op": "call", "args": descs, "storages": storages, "graph": call.graph,
+                            "private": call.private}, fds))
         step = call.label.rstrip(": ") or "call 0"
         replies, lines = session.exchange(frames, "called", seq, step)
         raised = False

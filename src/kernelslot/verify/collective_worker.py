@@ -10,8 +10,9 @@ answers frames:
   map the referee's shared storages, load the candidate with the bundle loader
   (:func:`kernelslot.bundle.loader.resolve_callables`, once per source) and run ``prepare`` when
   the job has prepare arguments; reply ``{"op": "prepared", "error", "cause"}``;
-* ``{"op": "call", "seq", "args", "storages", "graph"}``: call ``entry`` with the described
-  arguments (the group in the GROUP position) and reply what was observed *where the call ran*:
+* ``{"op": "call", "seq", "args", "storages", "graph", "private"}``: call ``entry`` with the
+  described arguments (the group in the GROUP position; with ``private``, on private copies that
+  are copied back into the shared tensors after the call) and reply what was observed *where the call ran*:
   ``{"op": "called", "seq", "returned", "error", "cause", "meta", "retained", "worker_ns"}``.
   ``graph`` (CUDA only): ``"capture"`` captures the call in a CUDA graph (and replays it once),
   ``"replay"`` replays the captured graph;
@@ -47,6 +48,11 @@ from kernelslot.verify.worker_main import _identity, _short_repr  # the single-d
 __all__ = ["init_rank", "forbid_group_creation", "main"]
 
 _clock = time.perf_counter_ns
+
+
+def _private_copy(t: torch.Tensor) -> torch.Tensor:
+    """A private tensor with ``t``'s shape, strides and values (not in shared memory)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
 
 
 def _use_count(t: torch.Tensor) -> int:
@@ -151,7 +157,9 @@ class _Rank:
     def call(self, msg: dict, fds: list[int]) -> dict:
         seq = int(msg["seq"])
         self.register(msg.get("storages", []), fds)
-        args = [self.value(d) for d in msg["args"]]
+        shared = [self.value(d) for d in msg["args"]]
+        private = bool(msg.get("private"))  # hand the candidate private, non-shared copies; copy back after
+        args = [_private_copy(a) if private and isinstance(a, torch.Tensor) else a for a in shared]
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         before = {i: _identity(t) for i, t in tensors}
         uses = {i: _use_count(t) for i, t in tensors}
@@ -179,7 +187,10 @@ class _Rank:
             meta[i] = {"key": key, "data_delta": now[0] - base, "storage_delta": now[1] - base, "nbytes": now[2],
                        "shape": list(now[3]), "stride": list(now[4]), "offset": now[5], "dtype": now[6]}
         reply["meta"] = meta
-        del args
+        for mine, copy in zip(shared, args) if private else ():
+            if isinstance(mine, torch.Tensor) and copy.shape == mine.shape and copy.dtype == mine.dtype:
+                mine.copy_(copy)  # the referee judges the shared tensors (inputs too: a mutation shows)
+        del args, shared
         retained = [i for i, t in tensors if _use_count(t) > uses[i]]
         if retained:  # a reference cycle may still hold a view: collect, then look again
             gc.collect()
