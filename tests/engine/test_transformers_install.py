@@ -202,3 +202,29 @@ def test_gpt_oss_bundle_call_folds_biases_losslessly() -> None:
     got, r = _installed_run(model, ids, bundle=BUNDLES / "honest_experts", trust_unverified=True)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
     assert r["engines-honest-experts:moe.fused_experts[swigluoai]"]["fired"] == 8
+
+
+def test_receipt_lookup_needs_a_passing_run_for_the_hash_and_dtype(tmp_path) -> None:
+    from kernelslot.bundle import load_bundle
+    from kernelslot.engines.receipts import passing_slots
+    from kernelslot.slots import get_slot
+    from kernelslot.store import ResultStore
+    from kernelslot.verify import VerifyOptions, verify_slot
+
+    bundle = load_bundle(BUNDLES / "honest_experts")
+    store = tmp_path / "r.sqlite"
+    db = ResultStore(store)
+    run = db.start_run("test", "cpu", "in-process", bundle.bundle_id, bundle.content_hash)
+    cands = bundle.candidates()["moe.fused_experts"]
+    db.add_report(run, verify_slot(get_slot("moe.fused_experts"), cands,
+                                   VerifyOptions(dtypes=(torch.float32,),
+                                                 profiles=("ragged_batch_nonpow2", "minimax_swigluoai_clamped"))))
+    db.close()
+    assert passing_slots(store, bundle.content_hash) == {"moe.fused_experts"}
+    assert passing_slots(store, bundle.content_hash, "float32") == {"moe.fused_experts"}
+    assert passing_slots(store, bundle.content_hash, "bfloat16") == set()  # never exercised in bf16
+    assert passing_slots(store, "0" * 64) == set()
+    model = build_model("qwen3-moe")
+    install(model, bundle=bundle, store=str(store)).uninstall()  # fp32 model: covered
+    with pytest.raises(NotVerifiedError, match="bfloat16"):
+        install(model.to(torch.bfloat16), bundle=bundle, store=str(store))

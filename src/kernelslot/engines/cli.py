@@ -50,8 +50,9 @@ def render(report) -> str:
              "  layer rel. error (prefill) " + " ".join(f"{e:.1e}" for e in report.layer_rel_error)]
     if "floor_kl" in report.extra:
         floors = ", ".join(f"{k} {v:.2g}" for k, v in report.extra["floor_kl"].items())
-        lines.append(f"  stock floor: {floors};  KL vs fp32: pristine {report.extra['fp32_vs_pristine_kl']['mean']:.3g}"
-                     f", candidate {report.extra['fp32_vs_candidate_kl']['mean']:.3g}")
+        vs32 = ", ".join(f"{k} {v:.2g}" for k, v in report.extra["fp32_vs_stock_kl"].items())
+        lines.append(f"  stock floor (KL vs pristine): {floors}")
+        lines.append(f"  KL vs fp32: stock {vs32}; candidate {report.extra['fp32_vs_candidate_kl']['mean']:.3g}")
     for slot, table in report.receipts.items():
         cells = "; ".join(f"{n}: fired {r['fired']} (decode {r['fired_decode']}) completed {r['completed']} "
                           f"fallback {r['fallback']}" for n, r in table.items() if r["fired"] or r["fallback"])
@@ -78,6 +79,13 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         return _bad(f"--entropy must be in (0, 20) nats, got {args.entropy}")
     bundle = None
     store = args.store or default_store()
+    if store:
+        from kernelslot.store.results import StoreError, check_store_path
+
+        try:
+            check_store_path(store)
+        except StoreError as exc:
+            return _bad(str(exc))
     tmp = None
     if args.bundle:
         from kernelslot.bundle import ManifestError, load_bundle

@@ -20,7 +20,9 @@ candidate's argmax differs from the pristine token), and the installation's rece
 
 The gate (:data:`GATE`): fp32 — mean KL ≤ 1e-8 and no flips; bf16/fp16 — mean KL ≤
 ``floor_multiple`` × max(the largest stock-pair KL, ``floor_min``) and KL(fp32 ‖ candidate) ≤
-``fp32_slack`` × KL(fp32 ‖ pristine) + ``floor_min``. In every dtype the qualified variants
+``fp32_slack`` × max over the stock implementations of KL(fp32 ‖ stock) + ``floor_min`` (no
+worse than pristine transformers against fp32; one near-tie position can put any single stock
+path far from fp32, so the pristine figure is the largest of them). In every dtype the qualified variants
 must have fired, on at least one decode step, and never fallen back.
 """
 from __future__ import annotations
@@ -190,20 +192,22 @@ def run_e2e(model_name: str, dtype: str = "float32", *, bundle: Any = None, stor
         if flips:
             reasons.append(f"{flips} argmax flip(s) with a margin > {GATE['flip_margin'][dtype]}")
     else:
-        floors = _stock_floors(master, dt, ids, steps, pristine)
+        stock = _stock_traces(master, dt, ids, steps, pristine)
         ref = run_trace(variant("eager", dt).float(), ids, steps, pristine.tokens).logits  # same (rounded) weights
-        kl_prist_fp32, kl_cand_fp32 = kl_stats(ref, pristine.logits), kl_stats(ref, cand.logits)
-        floors["fp32 compute"] = kl_prist_fp32["mean"]
-        floor = max(floors.values())
-        extra.update(floor_kl=floors, fp32_vs_pristine_kl=kl_prist_fp32, fp32_vs_candidate_kl=kl_cand_fp32)
+        floors = {k: kl_stats(pristine.logits, v)["mean"] for k, v in stock.items()}
+        kl_cand_fp32 = kl_stats(ref, cand.logits)
+        kl_stock_fp32 = {k: kl_stats(ref, v)["mean"] for k, v in {"eager": pristine.logits, **stock}.items()}
+        floors["fp32 compute"] = kl_stock_fp32["eager"]
+        floor, stock_fp32 = max(floors.values()), max(kl_stock_fp32.values())
+        extra.update(floor_kl=floors, fp32_vs_stock_kl=kl_stock_fp32, fp32_vs_candidate_kl=kl_cand_fp32)
         bound = GATE["floor_multiple"] * max(floor, GATE["floor_min"])
         if kl["mean"] > bound:
             reasons.append(f"mean KL {kl['mean']:.3g} > {GATE['floor_multiple']}x the stock floor {floor:.3g} "
                            f"({', '.join(f'{k} {v:.2g}' for k, v in floors.items())}; bound {bound:.3g})")
-        worst = GATE["fp32_slack"] * kl_prist_fp32["mean"] + GATE["floor_min"]
+        worst = GATE["fp32_slack"] * stock_fp32 + GATE["floor_min"]
         if kl_cand_fp32["mean"] > worst:
             reasons.append(f"KL against fp32 {kl_cand_fp32['mean']:.3g} is worse than pristine's "
-                           f"{kl_prist_fp32['mean']:.3g} (bound {worst:.3g})")
+                           f"(largest of the stock implementations: {stock_fp32:.3g}; bound {worst:.3g})")
     qualified = _qualified_variants(receipts, bundle is not None)
     fired, fired_decode, fallback, errors = _qualified_receipts(receipts, qualified)
     if not fired:
@@ -216,21 +220,21 @@ def run_e2e(model_name: str, dtype: str = "float32", *, bundle: Any = None, stor
                      _rel_errors(pristine.hidden, cand.hidden), receipts, qualified, measured_entropy, extra)
 
 
-def _stock_floors(master: torch.nn.Module, dt: torch.dtype, ids: torch.Tensor, steps: int,
-                  pristine: Trace) -> dict[str, float]:
-    """KL(pristine ‖ other stock implementation) for each stock alternative of the model in ``dt``:
-    transformers' batched_mm and grouped_mm experts and, where the model runs both, eager
-    attention instead of sdpa."""
+def _stock_traces(master: torch.nn.Module, dt: torch.dtype, ids: torch.Tensor, steps: int,
+                  pristine: Trace) -> dict[str, torch.Tensor]:
+    """Teacher-forced logits of the model's other stock implementations in ``dt``: transformers'
+    batched_mm and grouped_mm experts and, where the model runs both, eager attention instead
+    of sdpa."""
     out = {}
     for impl in ("batched_mm", "grouped_mm"):
         m = copy.deepcopy(master).to(dt)
         m.set_experts_implementation(impl)
-        out[f"experts {impl}"] = kl_stats(pristine.logits, run_trace(m, ids, steps, pristine.tokens).logits)["mean"]
+        out[f"experts {impl}"] = run_trace(m, ids, steps, pristine.tokens).logits
     if master.config._attn_implementation != "eager":
         m = copy.deepcopy(master).to(dt)
         m.set_experts_implementation("eager")
         m.set_attn_implementation("eager")
-        out["attention eager"] = kl_stats(pristine.logits, run_trace(m, ids, steps, pristine.tokens).logits)["mean"]
+        out["attention eager"] = run_trace(m, ids, steps, pristine.tokens).logits
     return out
 
 

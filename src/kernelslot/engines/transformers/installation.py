@@ -133,7 +133,8 @@ def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (
     if unknown:
         raise ValueError(f"install: unknown slot(s) {unknown}; this engine serves {', '.join(SLOTS)}")
     register()
-    candidates, bundle_hash = _bundle_candidates(bundle, slots, store, trust_unverified)
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    candidates, bundle_hash = _bundle_candidates(bundle, slots, store, trust_unverified, dtype)
     context = CallContext()
     modules = experts_modules(model)
     previous: dict[str, Any] = {}
@@ -162,7 +163,8 @@ def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (
     return handle
 
 
-def _bundle_candidates(bundle: Any, slots: tuple[str, ...], store: Optional[str], trust_unverified: bool):
+def _bundle_candidates(bundle: Any, slots: tuple[str, ...], store: Optional[str], trust_unverified: bool,
+                       dtype: torch.dtype):
     if bundle is None:
         return {}, None
     from kernelslot.bundle import load_bundle
@@ -175,11 +177,12 @@ def _bundle_candidates(bundle: Any, slots: tuple[str, ...], store: Optional[str]
     if not offered:
         raise ValueError(f"install: bundle {bundle.bundle_id} has no op for {', '.join(slots)}")
     if not trust_unverified:
-        passed = passing_slots(store, bundle.content_hash) if store else set()
+        dt = str(dtype).removeprefix("torch.")
+        passed = passing_slots(store, bundle.content_hash, dt) if store else set()
         missing = sorted(set(offered) - passed)
         if missing:
             raise NotVerifiedError(
                 f"bundle {bundle.bundle_id} (sha256 {bundle.content_hash[:12]}…) has no passing verify receipt for "
-                f"{', '.join(missing)} in {store or 'the result store (none given)'}; run `kernelslot verify "
+                f"{', '.join(missing)} in {dt} in {store or 'the result store (none given)'}; run `kernelslot verify "
                 f"{bundle.manifest.root} --store FILE` first, or pass trust_unverified=True")
     return offered, bundle.content_hash
