@@ -138,8 +138,13 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         print("competition: " + ", ".join(f"{k}={v}" for k, v in m.competition.items()))
     for row in m.ops:
         model = f" model={row.model}" if row.model else ""
-        print(f"  {row.label:40s} {row.source}:{row.entry}  domain: {row.domain.describe()}"
+        origin = f"direct {row.direct.provider}" if row.direct is not None else f"{row.source}:{row.entry}"
+        print(f"  {row.label:40s} {origin}  domain: {row.domain.describe()}"
               f"{' graph_safe' if row.graph_safe else ''}{model}")
+        if row.direct is not None:  # bindings, declared vs observed inventory, seal (docs/direct-artifacts.md)
+            from kernelslot.bundle.direct import describe_seal
+
+            print("\n".join(describe_seal(row.direct, bundle.seals[row.index])))
     print(f"OK: {len(m.ops)} op row(s), static checks passed")
     return EXIT_PASS
 

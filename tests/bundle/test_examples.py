@@ -16,6 +16,7 @@ EXPECTED = {
     "honest_attention": (0, "PASS: 1/1 slots passed"),
     "honest_moe_fused_experts": (0, "PASS: 1/1 slots passed"),  # MiniMax-M3: dense swigluoai + NVFP4 prepare
     "honest_moe_block_tkg": (0, "PASS: 1/1 slots passed"),  # every model profile and expert format
+    "direct_activation": (0, "PASS: 1/1 slots passed"),  # sealed native artifacts (docs/direct-artifacts.md)
     "broken_partial_write": (1, "poison_left"),
     "broken_returns_tensor": (1, "returned_value"),
     "broken_unknown_slot": (2, "ops[0].slot: unknown slot 'activation.gelu_and_mul'"),

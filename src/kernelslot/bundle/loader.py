@@ -11,7 +11,7 @@ import ast
 import hashlib
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Callable
@@ -26,6 +26,7 @@ from kernelslot.slots.base import KernelSource
 class Bundle:
     manifest: Manifest
     content_hash: str
+    seals: dict = field(default_factory=dict)  # op index -> its Seal (direct-artifact rows)
 
     @property
     def bundle_id(self) -> str:
@@ -35,7 +36,11 @@ class Bundle:
         """Slot name -> its variants as candidates (callables resolved lazily by the runner)."""
         out: dict[str, list[Candidate]] = {}
         for row in self.manifest.ops:
-            src = KernelSource(entry=row.entry, prepare=row.prepare, file=str(self.manifest.root / row.source))
+            if row.direct is not None:  # the referee's launcher for the sealed artifact
+                src = KernelSource(entry="run", prepare="prepare" if row.direct.by_role("prepare") else None,
+                                   sealed=self.seals[row.index].handle)
+            else:
+                src = KernelSource(entry=row.entry, prepare=row.prepare, file=str(self.manifest.root / row.source))
             kernel = Kernel(entry=None, prepare=None, name=f"{self.bundle_id}:{row.label}", source=src)
             out.setdefault(row.slot, []).append(Candidate(kernel, row.domain, row.graph_safe, kernel.name, row.model))
         return out
@@ -46,7 +51,21 @@ def load_bundle(path: str | Path) -> Bundle:
     problems = static_problems(manifest)
     if problems:
         raise ManifestError(problems[0])
-    return Bundle(manifest, bundle_hash(manifest.root))
+    return Bundle(manifest, bundle_hash(manifest.root), seal_direct_rows(manifest))
+
+
+def seal_direct_rows(manifest: Manifest) -> dict:
+    """Build and seal every direct-artifact row (referee-owned builder; reused while unchanged)."""
+    from kernelslot.bundle.direct import SealError, build_and_seal
+
+    seals = {}
+    for row in manifest.ops:
+        if row.direct is not None:
+            try:
+                seals[row.index] = build_and_seal(row.direct, manifest.root)
+            except SealError as exc:
+                raise ManifestError(f"{manifest.path}: ops[{row.index}]: {exc}") from None
+    return seals
 
 
 def _accepts(fn: ast.FunctionDef | ast.AsyncFunctionDef, n: int) -> tuple[bool, str]:
@@ -64,6 +83,8 @@ def static_problems(manifest: Manifest) -> list[str]:
     """Checks made without running candidate code: entry/prepare defined with the slot's arity."""
     problems = []
     for row in manifest.ops:
+        if row.direct is not None:  # no Python: parsed, joined and bounded by the manifest already
+            continue
         src_path = manifest.root / row.source
         where = f"{manifest.path}: ops[{row.index}]"
         try:
@@ -119,6 +140,11 @@ def load_source_module(file: str) -> ModuleType:
 
 def resolve_callables(source: KernelSource) -> tuple[Callable, Callable | None]:
     """The entry and prepare callables a :class:`KernelSource` names."""
+    if source.sealed:  # a sealed direct artifact: the referee's launcher, admitted in this process
+        from kernelslot.bundle.direct import open_sealed
+
+        artifact = open_sealed(source.sealed)
+        return artifact, artifact.prepare if source.prepare else None
     module = load_source_module(source.file) if source.file else importlib.import_module(source.module or "")
     def get(attr: str) -> Callable:
         obj = module

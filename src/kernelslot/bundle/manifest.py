@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelslot.abi import CapabilityDomain, CapabilityError, domains_overlap
+from kernelslot.bundle.direct.spec import DIRECT_KEYS, DirectError, is_direct_row, parse_direct
 from kernelslot.slots import CATALOG
 from kernelslot.slots.models import MODELS
 
@@ -62,6 +63,8 @@ class OpRow:
     model: str | None
     domain: CapabilityDomain
     graph_safe: bool
+    direct: Any = None  # a DirectOp (kernelslot.bundle.direct) for a direct-artifact row: no source/entry
+
 
     @property
     def label(self) -> str:
@@ -107,23 +110,25 @@ def _parse_op(root: Path, path: Path, i: int, row: Any) -> OpRow:
     where = f"ops[{i}]"
     if not isinstance(row, dict):
         raise _err(path, where, "each [[ops]] entry must be a table")
-    unknown = sorted(set(row) - set(OP_KEYS))
+    unknown = sorted(set(row) - set(OP_KEYS) - set(DIRECT_KEYS))
     if unknown:
-        raise _err(path, f"{where}.{unknown[0]}", f"unknown key; allowed: {', '.join(OP_KEYS)}")
-    for key in ("slot", "source", "entry"):
+        raise _err(path, f"{where}.{unknown[0]}", f"unknown key; allowed: {', '.join(OP_KEYS + DIRECT_KEYS)}")
+    for key in ("slot",) if is_direct_row(row) else ("slot", "source", "entry"):
         if key not in row:
             raise _err(path, f"{where}.{key}", "required key is missing")
     slot = row["slot"]
     if slot not in CATALOG:
         raise _err(path, f"{where}.slot", f"unknown slot {slot!r}; known: {', '.join(sorted(CATALOG))}")
-    _inside(root, row["source"], path, f"{where}.source")
-    if not str(row["source"]).endswith(".py"):
-        raise _err(path, f"{where}.source", "must be a Python source file (.py); native artifacts use the direct-artifact form")
+    direct = _parse_direct(root, path, where, row, slot) if is_direct_row(row) else None
+    if direct is None:
+        _inside(root, row["source"], path, f"{where}.source")
+        if not str(row["source"]).endswith(".py"):
+            raise _err(path, f"{where}.source", "must be a Python source file (.py); native artifacts use the direct-artifact form")
     for key in ("entry", "prepare"):
         if key in row and (not isinstance(row[key], str) or not _IDENT.match(row[key])):
             raise _err(path, f"{where}.{key}", f"must be a Python identifier, got {row[key]!r}")
     needs_prepare = CATALOG[slot].slot.needs_prepare
-    if needs_prepare and "prepare" not in row:
+    if needs_prepare and "prepare" not in row and direct is None:
         raise _err(path, f"{where}.prepare", f"slot {slot} has a prepare step ({CATALOG[slot].slot.signature()}); name the function")
     if not needs_prepare and "prepare" in row:
         raise _err(path, f"{where}.prepare", f"slot {slot} has no prepare step; remove the key")
@@ -132,6 +137,9 @@ def _parse_op(root: Path, path: Path, i: int, row: Any) -> OpRow:
         raise _err(path, f"{where}.variant", f"must be a non-empty string, got {variant!r}")
     dtypes = _str_list(row["dtypes"], path, f"{where}.dtypes", DTYPES) if "dtypes" in row else ()
     archs = _str_list(row["architectures"], path, f"{where}.architectures") if "architectures" in row else ()
+    if direct is not None and direct.provider == "native.elf.v1" and set(archs) - {"cpu"}:
+        raise _err(path, f"{where}.architectures", "a native.elf.v1 artifact runs on the CPU only; allowed: cpu")
+    archs = archs or (("cpu",) if direct is not None and direct.provider == "native.elf.v1" else ())
     graph_safe = row.get("graph_safe", False)
     if not isinstance(graph_safe, bool):
         raise _err(path, f"{where}.graph_safe", f"must be true or false, got {graph_safe!r}")
@@ -161,8 +169,16 @@ def _parse_op(root: Path, path: Path, i: int, row: Any) -> OpRow:
         extra["arch"] = {"one_of": list(archs)}
     if extra:
         domain = CapabilityDomain(domain.predicates + CapabilityDomain.from_mapping(extra).predicates)
-    return OpRow(i, slot, row["source"], row["entry"], variant, row.get("prepare"), dtypes, archs,
-                 row.get("metadata"), model, domain, graph_safe)
+    return OpRow(i, slot, row.get("source", ""), row.get("entry", ""), variant, row.get("prepare"), dtypes, archs,
+                 row.get("metadata"), model, domain, graph_safe, direct)
+
+
+def _parse_direct(root: Path, path: Path, where: str, row: dict, slot: str) -> Any:
+    """The direct-artifact form of a row, parsed by kernelslot.bundle.direct (docs/direct-artifacts.md)."""
+    try:
+        return parse_direct(row, CATALOG[slot].slot, root)
+    except DirectError as exc:
+        raise _err(path, f"{where}.{exc.key}", exc.problem) from None
 
 
 def load_manifest(bundle: str | Path) -> Manifest:

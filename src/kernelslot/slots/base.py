@@ -55,13 +55,16 @@ class KernelSource:
     """Where a kernel's code lives, so another process can load it by itself.
 
     Either ``file`` (a Python source file, e.g. inside a bundle) or ``module`` (an importable
-    module name); ``entry``/``prepare`` are attribute names in it.
+    module name); ``entry``/``prepare`` are attribute names in it. Or ``sealed``
+    (``DIR@INDEX_SHA256``): a sealed direct artifact, launched by the referee's own launcher
+    (kernelslot.bundle.direct); ``entry``/``prepare`` then only say which roles exist.
     """
 
     entry: str
     prepare: str | None = None
     file: str | None = None
     module: str | None = None
+    sealed: str | None = None
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,19 @@ class CallObservation:
     retained: list[int] = field(default_factory=list)  # argument positions whose storage gained a reference
     cause: str | None = None  # with ``error``: exception, timeout, crash, exit, out_of_memory, ... (see verify/worker.py)
     worker_s: float | None = None  # in-worker time of the entry alone (WorkerRunner only; advisory)
+    receipts: list[str] = field(default_factory=list)  # direct artifacts: aot_loaded / aot_invoked / completed
+
+
+def judge_direct_evidence(kernel: Kernel, obs: CallObservation) -> None:
+    """A sealed direct artifact's call counts only with its receipts (bundle/direct/launcher.py)."""
+    source = kernel.source
+    if source is None or source.sealed is None or obs.error is not None:
+        return
+    from kernelslot.bundle.direct import receipt_problem
+
+    problem = receipt_problem(obs.receipts)
+    if problem:
+        obs.error, obs.cause = f"{problem}\n[no_aot_evidence] {problem}", "no_aot_evidence"
 
 
 class RunnerError(RuntimeError):
@@ -145,6 +158,8 @@ class InProcessRunner(Runner):
         if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
             torch.cuda.synchronize()
         obs.elapsed_s = time.perf_counter() - start
+        obs.receipts = list(getattr(entry, "take_receipts", list)())
+        judge_direct_evidence(kernel, obs)
         obs.meta_after = [TensorMeta.of(a) if isinstance(a, torch.Tensor) else None for a in args]
         if check_retention:
             obs.retained = [i for i, t in tensors if storage_use_count(t) > before[i]]

@@ -52,7 +52,7 @@ from torch.multiprocessing.reductions import StorageWeakRef, reduce_tensor
 
 from kernelslot.slots.base import Kernel, KernelSource
 from kernelslot.verify.checks import bits_equal
-from kernelslot.verify.runner import CallObservation, InProcessRunner, Runner, RunnerError, TensorMeta
+from kernelslot.verify.runner import CallObservation, InProcessRunner, Runner, RunnerError, TensorMeta, judge_direct_evidence
 
 __all__ = ["WorkerRunner", "PreparedHandle", "make_runner", "RESTART_CAUSES"]
 
@@ -277,6 +277,7 @@ class WorkerRunner(Runner):
             proc = self._worker_for(source)
             reply, obs.elapsed_s = self._request(proc, "call", source, list(args), self.call_timeout_s, check=check_retention)
             self._observe(reply, args, obs)
+            judge_direct_evidence(kernel, obs)
         except _Contained as c:
             obs.error, obs.cause, obs.elapsed_s = f"{c.message}\n[{c.cause}] {c.message.splitlines()[0]}", c.cause, c.elapsed_s
         except ValueError as exc:
@@ -331,7 +332,7 @@ class WorkerRunner(Runner):
             self.restarts += failed
 
     def _worker_for(self, source: KernelSource) -> _Proc:
-        where = source.file or source.module or ""
+        where = source.file or source.module or source.sealed or ""
         if self._proc is not None and self._proc.conn.poll(0):  # died or wrote between calls
             self._discard()
         if self._proc is not None and self._proc.source not in (None, where):
@@ -451,6 +452,7 @@ class WorkerRunner(Runner):
             meta = reply.get("meta") or [None] * len(args)
             obs.meta_after = [self._translate(m, a) for m, a in zip(meta, args)]
             obs.retained = [int(i) for i in reply.get("retained", []) if 0 <= int(i) < len(args)]
+            obs.receipts = [str(r)[:80] for r in reply.get("receipts", [])[:64]]
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise _Contained("protocol", f"the worker sent a malformed observation ({exc!r})", obs.elapsed_s) from None
 

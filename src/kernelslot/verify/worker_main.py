@@ -158,6 +158,8 @@ class _Worker:
         threads = {t.ident for t in threading.enumerate()}
         result, err, elapsed = _call_entry(entry, args)
         reply: dict[str, Any] = {"worker_ns": elapsed, "returned": None if result is None else _short_repr(result)}
+        if hasattr(entry, "take_receipts"):  # a sealed direct artifact's launcher (bundle/direct/launcher.py)
+            reply["receipts"] = entry.take_receipts()
         del result
         if err is not None:
             reply.update(error=err, cause="out_of_memory" if memory_error_text(err) else "exception")
