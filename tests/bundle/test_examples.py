@@ -17,6 +17,13 @@ EXPECTED = {
     "honest_moe_fused_experts": (0, "PASS: 1/1 slots passed"),  # MiniMax-M3: dense swigluoai + NVFP4 prepare
     "honest_moe_block_tkg": (0, "PASS: 1/1 slots passed"),  # every model profile and expert format
     "direct_activation": (0, "PASS: 1/1 slots passed"),  # sealed native artifacts (docs/direct-artifacts.md)
+    "direct_moe": (0, "PASS: 1/1 slots passed"),
+    "direct_broken_extra_kernel": (2, "extra exported kernel(s) ks_debug_dump"),
+    "direct_broken_missing_kernel": (2, "missing kernel(s) ks_silu_tail_f32"),
+    "direct_broken_param_width": (2, "parameter 2 is 4 bytes wide in the object, the manifest declares 8"),
+    "direct_broken_vocabulary": (2, "is outside the expression vocabulary"),
+    "direct_broken_prelaunch_input": (2, "a prelaunch fill may initialise only an output or an artifact resource"),
+    "direct_broken_work_in_init": (2, "is not available to an init export"),
     "broken_partial_write": (1, "poison_left"),
     "broken_returns_tensor": (1, "returned_value"),
     "broken_unknown_slot": (2, "ops[0].slot: unknown slot 'activation.gelu_and_mul'"),
@@ -32,7 +39,8 @@ def test_every_example_has_an_expectation():
     assert {p.name for p in EXAMPLES.iterdir() if p.is_dir() and not p.name.startswith("collective_")} == set(EXPECTED)
 
 
-SLOW = {"honest_moe_fused_experts", "honest_moe_block_tkg"}  # MoE profiles in a worker: tens of seconds on a loaded machine
+SLOW = {"honest_moe_fused_experts", "honest_moe_block_tkg",  # MoE profiles in a worker: tens of seconds on a loaded machine
+        "direct_moe"}  # every profile of a C MoE kernel; tests/bundle/direct runs one profile by default
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in sorted(EXPECTED)])

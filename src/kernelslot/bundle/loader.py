@@ -56,14 +56,15 @@ def load_bundle(path: str | Path) -> Bundle:
 
 def seal_direct_rows(manifest: Manifest) -> dict:
     """Build and seal every direct-artifact row (referee-owned builder; reused while unchanged)."""
-    from kernelslot.bundle.direct import SealError, build_and_seal
+    from kernelslot.bundle.direct import AdmissionError, SealError, admit_static, build_and_seal
 
     seals = {}
     for row in manifest.ops:
         if row.direct is not None:
             try:
-                seals[row.index] = build_and_seal(row.direct, manifest.root)
-            except SealError as exc:
+                seal = seals[row.index] = build_and_seal(row.direct, manifest.root)
+                admit_static(row.direct, seal.artifact, seal.index.get("baseline", {}))
+            except (SealError, AdmissionError) as exc:
                 raise ManifestError(f"{manifest.path}: ops[{row.index}]: {exc}") from None
     return seals
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kernelslot.bundle.direct.admit import AdmissionError, admit_static
 from kernelslot.bundle.direct.seal import Seal, SealError, build_and_seal, open_seal
 from kernelslot.bundle.direct.spec import DIRECT_KEYS, DirectError, DirectOp, is_direct_row, parse_direct
 
-__all__ = ["DIRECT_KEYS", "DirectError", "DirectOp", "Seal", "SealError", "build_and_seal", "is_direct_row", "open_seal",
+__all__ = ["AdmissionError", "admit_static", "DIRECT_KEYS", "DirectError", "DirectOp", "Seal", "SealError", "build_and_seal", "is_direct_row", "open_seal",
            "parse_direct", "not_run_reason", "describe_seal", "receipt_problem", "open_sealed"]
 
 

@@ -8,7 +8,7 @@ parameter and both widths.
 """
 from __future__ import annotations
 
-from kernelslot.bundle.direct.elf import PhysicalKernel
+from kernelslot.bundle.direct.elf import InventoryError, PhysicalKernel, cubin_kernels, init_entries, native_inventory
 from kernelslot.bundle.direct.spec import Binding, DirectOp, KernelDecl
 
 # The class a native parameter must have for each binding kind (widths are checked separately).
@@ -42,6 +42,35 @@ def bind_inventory(logical: tuple[KernelDecl, ...], physical: list[PhysicalKerne
                                      f"declares {declared}")
         bound[decl.name] = phys
     return bound
+
+
+def admit_native_bytes(op: DirectOp, data: bytes, baseline: dict) -> dict[str, PhysicalKernel]:
+    """Every check of a shared object that can be made on its bytes (the worker repeats them on what it loads)."""
+    try:
+        physical = native_inventory(data)
+    except InventoryError as exc:
+        raise AdmissionError(str(exc)) from None
+    bound = bind_inventory(op.kernels(), physical, names_stable=True)
+    check_classes(op, bound)
+    ctors = init_entries(data)
+    if ctors > int(baseline.get("init_entries", 0)):
+        raise AdmissionError(f"the object runs {ctors - int(baseline.get('init_entries', 0))} load-time constructor(s) of its "
+                             "own; a direct artifact runs code only when the referee launches it")
+    return bound
+
+
+def admit_static(op: DirectOp, data: bytes, baseline: dict) -> None:
+    """The referee's look at a freshly sealed artifact, as data (nothing is loaded in the referee)."""
+    if op.provider == "native.elf.v1":
+        admit_native_bytes(op, data, baseline)
+        return
+    try:
+        names = cubin_kernels(data)
+    except InventoryError as exc:
+        raise AdmissionError(str(exc)) from None
+    if len(names) != len(op.kernels()):
+        raise AdmissionError(f"the CUBIN holds {len(names)} kernel(s) ({', '.join(names)}), the manifest declares "
+                             f"{len(op.kernels())}")
 
 
 def check_classes(op: DirectOp, bound: dict[str, PhysicalKernel]) -> None:

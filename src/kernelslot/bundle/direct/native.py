@@ -16,8 +16,7 @@ import os
 import struct
 from typing import Any
 
-from kernelslot.bundle.direct.admit import AdmissionError, bind_inventory, check_classes
-from kernelslot.bundle.direct.elf import InventoryError, init_entries, native_inventory
+from kernelslot.bundle.direct.admit import AdmissionError, admit_native_bytes
 from kernelslot.bundle.direct.seal import Seal
 from kernelslot.bundle.direct.spec import Binding, DirectOp, Launch
 
@@ -60,16 +59,7 @@ class NativeArtifact:
     names_stable = True
 
     def __init__(self, op: DirectOp, seal: Seal):
-        try:
-            physical = native_inventory(seal.artifact)
-        except InventoryError as exc:
-            raise AdmissionError(f"{seal.index['artifact']}: {exc}") from None
-        bound = bind_inventory(op.kernels(), physical, names_stable=True)
-        check_classes(op, bound)
-        ctors, baseline = init_entries(seal.artifact), int(seal.index.get("baseline", {}).get("init_entries", 0))
-        if ctors > baseline:
-            raise AdmissionError(f"the object runs {ctors - baseline} load-time constructor(s) of its own; a direct "
-                                 "artifact runs code only when the referee launches it")
+        bound = admit_native_bytes(op, seal.artifact, seal.index.get("baseline", {}))
         self._fd = os.memfd_create("kernelslot-sealed-artifact", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
         os.write(self._fd, seal.artifact)
         fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL)

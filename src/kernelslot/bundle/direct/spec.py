@@ -255,7 +255,7 @@ class _Scope:
         if ok is not None:
             if name in ok:
                 return source
-            raise DirectError(key, f"{source!r} is not available to a {self.role} export; it may bind "
+            raise DirectError(key, f"{source!r} is not available to {'an' if self.role[0] in 'aeiou' else 'a'} {self.role} export; it may bind "
                                    f"{self.available() or 'only state.* resources'}")
         if prefix in RESOURCE_PREFIXES:
             if source not in self.all_resources:
@@ -471,7 +471,7 @@ def _parse_export(i: int, raw: Any, slot: Slot, resources: dict[str, Resource]) 
     return Export(i, provider, name, role, plan, step, tuple(specs), bindings, tuple(kernels), tuple(launches), tuple(prelaunch))
 
 
-def _parse_resource(i: int, raw: Any, slot: Slot) -> Resource:
+def _parse_resource(i: int, raw: Any, slot: Slot, earlier: dict[str, "Resource"]) -> Resource:
     key = f"artifact_resources[{i}]"
     raw = _table(raw, key, RESOURCE_KEYS)
     name = raw.get("name")
@@ -484,13 +484,15 @@ def _parse_resource(i: int, raw: Any, slot: Slot) -> Resource:
     if align & (align - 1):
         raise DirectError(f"{key}.alignment", f"must be a power of two, got {align}")
     shape = tuple(_expr(e, f"{key}.shape[{n}]") for n, e in enumerate(_list(raw.get("shape"), f"{key}.shape", MAX_RANK)))
-    tensors = {"workspace": set(slot.names(Role.INPUT)) | set(slot.names(Role.OUTPUT)), "prepared": set(slot.prepare_args),
-               "state": set()}[prefix]
+    persistent = {n for n, r in earlier.items() if r.lifetime != "call"}  # declared above this one
+    tensors = {"workspace": set(slot.names(Role.INPUT)) | set(slot.names(Role.OUTPUT)) | persistent,
+               "prepared": set(slot.prepare_args), "state": set()}[prefix]
     scalars = set(slot.names(Role.SCALAR)) if prefix == "workspace" else set()
     for n, e in enumerate(shape):
         bad = sorted(e.tensors - tensors) + sorted(e.scalars - scalars)
         if bad:
-            what = {"workspace": "the call's inputs, outputs and scalars", "prepared": "the prepare arguments",
+            what = {"workspace": "the call's inputs, outputs and scalars and the prepared.*/state.* resources declared "
+                                 "before it", "prepared": "the prepare arguments",
                     "state": "constants only (state is allocated before any call)"}[prefix]
             raise DirectError(f"{key}.shape[{n}]", f"{e.text!r} reads {bad[0]!r}; a {prefix}.* shape may read {what}")
     return Resource(name, dtype, align, shape)
@@ -504,7 +506,7 @@ def parse_direct(row: dict, slot: Slot, root: Path | None) -> DirectOp:
     raw_resources = _list(row.get("artifact_resources", []), "artifact_resources", MAX_RESOURCES, empty=True)
     resources: dict[str, Resource] = {}
     for i, r in enumerate(raw_resources):
-        res = _parse_resource(i, r, slot)
+        res = _parse_resource(i, r, slot, resources)
         if res.name in resources:
             raise DirectError(f"artifact_resources[{i}].name", f"{res.name} is declared twice")
         resources[res.name] = res
