@@ -8,7 +8,8 @@
 ``kernelslot e2e [BUNDLE] --model M``  end-to-end qualification inside a transformers model (engines/cli.py)
 
 Exit status: 0 everything passed, 1 a verification failed, 2 bad input (one line on stderr,
-never a traceback). Every output path is validated before anything runs.
+never a traceback), 3 not run (this machine cannot run the bundle: e.g. a cuda.cubin.v1 artifact
+without CUDA). Every output path is validated before anything runs.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from kernelslot import __version__
 
 # torch and the catalog are imported where needed, so `kernelslot --version` and `--help` are instant
 DTYPE_NAMES = ("bfloat16", "float16", "float32")
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_RUN = 0, 1, 2, 3
 
 
 class UsageError(Exception):
@@ -141,7 +142,9 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         origin = f"direct {row.direct.provider}" if row.direct is not None else f"{row.source}:{row.entry}"
         print(f"  {row.label:40s} {origin}  domain: {row.domain.describe()}"
               f"{' graph_safe' if row.graph_safe else ''}{model}")
-        if row.direct is not None:  # bindings, declared vs observed inventory, seal (docs/direct-artifacts.md)
+        if row.index in bundle.unbuilt:
+            print(f"    not built here: {bundle.unbuilt[row.index]}")
+        elif row.direct is not None:  # bindings, declared vs observed inventory, seal (docs/direct-artifacts.md)
             from kernelslot.bundle.direct import describe_seal
 
             print("\n".join(describe_seal(row.direct, bundle.seals[row.index])))
@@ -215,6 +218,17 @@ def _make_runner(args: argparse.Namespace, bundle: object | None):
     return make_runner(isolate, args.timeout, device=args.device)
 
 
+def _direct_not_run(bundle: object | None, device: str) -> str | None:
+    """Why a direct-artifact row of ``bundle`` cannot run on this machine (the "not run" verdict, exit 3)."""
+    from kernelslot.bundle.direct import not_run_reason
+
+    for row in getattr(getattr(bundle, "manifest", None), "ops", ()):
+        reason = getattr(bundle, "unbuilt", {}).get(row.index) or (row.direct is not None and not_run_reason(row.direct, device))
+        if reason:
+            return f"{row.label}: {reason}"
+    return None
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from kernelslot.report.payload import build_payload, slot_dict
     from kernelslot.report.progress import VerifyProgress
@@ -229,6 +243,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
         check_store_path(check_output_path("--store", args.store))
     targets, bundle = _targets(args)  # a bad bundle is reported before anything runs
+    not_run = _direct_not_run(bundle, args.device)
+    if not_run:
+        print(f"NOT RUN: {not_run}")
+        return EXIT_NOT_RUN
     opts = _options(args, targets)
     runner = _make_runner(args, bundle)
     store = run_id = None

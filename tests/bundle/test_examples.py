@@ -18,6 +18,7 @@ EXPECTED = {
     "honest_moe_block_tkg": (0, "PASS: 1/1 slots passed"),  # every model profile and expert format
     "direct_activation": (0, "PASS: 1/1 slots passed"),  # sealed native artifacts (docs/direct-artifacts.md)
     "direct_moe": (0, "PASS: 1/1 slots passed"),
+    "direct_cuda_activation": (3, "NOT RUN"),  # on a CUDA machine: tests/bundle/direct (not run here)
     "direct_broken_extra_kernel": (2, "extra exported kernel(s) ks_debug_dump"),
     "direct_broken_missing_kernel": (2, "missing kernel(s) ks_silu_tail_f32"),
     "direct_broken_param_width": (2, "parameter 2 is 4 bytes wide in the object, the manifest declares 8"),

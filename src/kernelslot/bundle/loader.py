@@ -27,6 +27,7 @@ class Bundle:
     manifest: Manifest
     content_hash: str
     seals: dict = field(default_factory=dict)  # op index -> its Seal (direct-artifact rows)
+    unbuilt: dict = field(default_factory=dict)  # op index -> why this machine cannot build it (not run)
 
     @property
     def bundle_id(self) -> str:
@@ -36,6 +37,8 @@ class Bundle:
         """Slot name -> its variants as candidates (callables resolved lazily by the runner)."""
         out: dict[str, list[Candidate]] = {}
         for row in self.manifest.ops:
+            if row.index in self.unbuilt:
+                continue
             if row.direct is not None:  # the referee's launcher for the sealed artifact
                 src = KernelSource(entry="run", prepare="prepare" if row.direct.by_role("prepare") else None,
                                    sealed=self.seals[row.index].handle)
@@ -51,22 +54,26 @@ def load_bundle(path: str | Path) -> Bundle:
     problems = static_problems(manifest)
     if problems:
         raise ManifestError(problems[0])
-    return Bundle(manifest, bundle_hash(manifest.root), seal_direct_rows(manifest))
+    return Bundle(manifest, bundle_hash(manifest.root), *seal_direct_rows(manifest))
 
 
-def seal_direct_rows(manifest: Manifest) -> dict:
-    """Build and seal every direct-artifact row (referee-owned builder; reused while unchanged)."""
-    from kernelslot.bundle.direct import AdmissionError, SealError, admit_static, build_and_seal
+def seal_direct_rows(manifest: Manifest) -> tuple[dict, dict]:
+    """Build and seal every direct-artifact row (referee-owned builder; reused while unchanged).
 
-    seals = {}
+    Returns the seals and, for rows whose toolchain this machine lacks, why they are not built."""
+    from kernelslot.bundle.direct import AdmissionError, SealError, ToolchainMissing, admit_static, build_and_seal
+
+    seals, unbuilt = {}, {}
     for row in manifest.ops:
         if row.direct is not None:
             try:
                 seal = seals[row.index] = build_and_seal(row.direct, manifest.root)
                 admit_static(row.direct, seal.artifact, seal.index.get("baseline", {}))
+            except ToolchainMissing as exc:
+                unbuilt[row.index] = str(exc)
             except (SealError, AdmissionError) as exc:
                 raise ManifestError(f"{manifest.path}: ops[{row.index}]: {exc}") from None
-    return seals
+    return seals, unbuilt
 
 
 def _accepts(fn: ast.FunctionDef | ast.AsyncFunctionDef, n: int) -> tuple[bool, str]:

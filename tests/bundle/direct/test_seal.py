@@ -33,8 +33,9 @@ def test_index_lists_every_file_with_flags_and_toolchain(activation_bundle):
     assert seal.handle.endswith("@" + seal.digest)
 
 
-def test_an_unchanged_row_is_built_once(activation_bundle):
+def test_an_unchanged_row_is_built_once(activation_bundle, monkeypatch):
     seal = _seal(activation_bundle)
+    monkeypatch.setenv("KERNELSLOT_SEAL_DIR", str(seal.path.parent))
     stamp = (seal.path / "artifact.so").stat().st_mtime_ns
     again = build_and_seal(activation_bundle.manifest.ops[0].direct, activation_bundle.manifest.root)
     assert again.path == seal.path and again.digest == seal.digest
@@ -65,8 +66,7 @@ def test_every_change_after_sealing_is_rejected(activation_bundle, tmp_path):
             open_seal(d, seal.digest)
 
 
-def test_tampering_is_caught_by_the_worker_and_by_the_cli(private_seal_root, capsys):
-    private_seal_root()
+def test_tampering_is_caught_by_the_worker_and_by_the_cli(fresh_seal_root, capsys):
     bundle = load_bundle(EXAMPLES / "direct_activation")
     seal = _seal(bundle)
     artifact = seal.path / "artifact.so"

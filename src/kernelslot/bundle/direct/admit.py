@@ -8,7 +8,7 @@ parameter and both widths.
 """
 from __future__ import annotations
 
-from kernelslot.bundle.direct.elf import InventoryError, PhysicalKernel, cubin_kernels, init_entries, native_inventory
+from kernelslot.bundle.direct.elf import InventoryError, PhysicalKernel, cubin_inventory, init_entries, native_inventory
 from kernelslot.bundle.direct.spec import Binding, DirectOp, KernelDecl
 
 # The class a native parameter must have for each binding kind (widths are checked separately).
@@ -65,12 +65,10 @@ def admit_static(op: DirectOp, data: bytes, baseline: dict) -> None:
         admit_native_bytes(op, data, baseline)
         return
     try:
-        names = cubin_kernels(data)
+        physical = cubin_inventory(data)
     except InventoryError as exc:
         raise AdmissionError(str(exc)) from None
-    if len(names) != len(op.kernels()):
-        raise AdmissionError(f"the CUBIN holds {len(names)} kernel(s) ({', '.join(names)}), the manifest declares "
-                             f"{len(op.kernels())}")
+    bind_inventory(op.kernels(), physical, names_stable=False)
 
 
 def check_classes(op: DirectOp, bound: dict[str, PhysicalKernel]) -> None:

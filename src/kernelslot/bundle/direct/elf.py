@@ -7,12 +7,14 @@ are exported), sorted by name; each one's formal parameters come from its DWARF
 ``DW_TAG_subprogram`` (the builder compiles with ``-g``): byte width and class (``pointer``,
 ``int``, ``float``, ``struct``), followed through typedefs and qualifiers. A variadic
 function, one without debug information, or one returning a value, has no admissible
-signature. For a CUBIN only the kernel names are read statically (the Driver API gives the
-parameter sizes at admission, on a GPU).
+signature. For a CUBIN the kernels are its ``.nv.info.NAME`` entry records and each parameter's
+size comes from their ``EIATTR_KPARAM_INFO`` attributes (read as data here, and observed again
+through the Driver API at admission on a GPU).
 """
 from __future__ import annotations
 
 import io
+import struct
 from dataclasses import dataclass
 
 from elftools.common.exceptions import ELFError
@@ -126,20 +128,37 @@ def init_entries(data: bytes) -> int:
     return n
 
 
-def cubin_kernels(data: bytes) -> list[str]:
-    """The kernel entry names of a CUBIN (``.text.NAME`` sections of CUDA entry functions), sorted."""
+_EIFMT_SVAL, _EIATTR_KPARAM_INFO = 0x04, 0x17
+
+
+def cubin_inventory(data: bytes) -> list[PhysicalKernel]:
+    """Every kernel of a CUBIN with its parameter sizes (``EIATTR_KPARAM_INFO``), sorted by name."""
     elf = _elf(data)
     if elf["e_machine"] not in ("EM_CUDA", 190):
         raise InventoryError(f"not a CUBIN (e_machine {elf['e_machine']})")
-    symtab = elf.get_section_by_name(".symtab")
-    texts = {s.name.removeprefix(".text.") for s in elf.iter_sections() if s.name.startswith(".text.")}
-    names = {s.name for s in symtab.iter_symbols() if s["st_info"]["type"] == "STT_FUNC"} if symtab else set()
-    return sorted(texts & names if names else texts)
+    kernels = []
+    for sec in elf.iter_sections():
+        if not sec.name.startswith(".nv.info."):
+            continue
+        raw, at, params = sec.data(), 0, {}
+        while at + 4 <= len(raw):
+            fmt, attr, size = struct.unpack_from("<BBH", raw, at)
+            if fmt != _EIFMT_SVAL:
+                at += 4
+                continue
+            if attr == _EIATTR_KPARAM_INFO and size >= 12:
+                _, ordinal, _, flags = struct.unpack_from("<IHHI", raw, at + 4)
+                params[ordinal] = (flags >> 18) & 0x3FFF
+            at += 4 + size
+        widths = tuple(params[i] for i in sorted(params))
+        problem = None if sorted(params) == list(range(len(params))) else "has gaps in its parameter ordinals"
+        kernels.append(PhysicalKernel(sec.name.removeprefix(".nv.info."), widths, (), problem))
+    return sorted(kernels, key=lambda k: k.name)
 
 
 def static_inventory(provider: str, data: bytes) -> list[dict]:
     """The inventory recorded in the seal index (for ``kernelslot scan``; admission observes it again)."""
     if provider == "cuda.cubin.v1":
-        return [{"name": n} for n in cubin_kernels(data)]
+        return [{"name": k.name, "params": list(k.params)} for k in cubin_inventory(data)]
     return [{"name": k.name, "params": list(k.params), "classes": list(k.classes), **({"problem": k.problem} if k.problem else {})}
             for k in native_inventory(data)]

@@ -73,8 +73,8 @@ class NativeArtifact:
         self._calls: dict[tuple[int, int], Any] = {}
         for e in op.exports:
             for j, ln in enumerate(e.launches):
-                proto = ctypes.CFUNCTYPE(None, *(_argtype(e.bindings[p]) for p in ln.params))
-                self._calls[(e.index, j)] = (proto(self.kernels[ln.kernel]), [_argtype(e.bindings[p]) for p in ln.params])
+                types = [_argtype(e.bindings[p]) for p in ln.params]
+                self._calls[(e.index, j)] = (ctypes.CFUNCTYPE(None, *types)(self.kernels[ln.kernel]), types)
 
     def launch(self, export: int, ordinal: int, ln: Launch, values: list[Any], _ctx: Any = None) -> None:
         fn, types = self._calls[(export, ordinal)]

@@ -45,6 +45,10 @@ class SealError(ValueError):
     """The sealed artifact cannot be built, or it is not what was sealed (one line: what and where)."""
 
 
+class ToolchainMissing(SealError):
+    """This machine lacks the provider's fixed toolchain: the bundle is not run here (not a bad bundle)."""
+
+
 @dataclass(frozen=True)
 class Seal:
     """A verified seal: its directory, the digest of its index, the index and the artifact's bytes."""
@@ -99,7 +103,8 @@ def _version(tool: str) -> str:
         out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
-    return out.splitlines()[-1] if tool == "nvcc" and out else (out.splitlines()[0] if out else "")
+    lines = out.splitlines()
+    return next((ln for ln in lines if "release" in ln), lines[-1]) if tool == "nvcc" and lines else (lines[0] if lines else "")
 
 
 def toolchain(provider: str) -> dict[str, str]:
@@ -156,7 +161,7 @@ def build_and_seal(op: DirectOp, bundle_root: Path) -> Seal:
     tools = toolchain(op.provider)
     missing = [t for t, v in tools.items() if not v and t != "ld"]
     if missing:
-        raise SealError(f"the {op.provider} builder needs {', '.join(missing)}, which is not installed here")
+        raise ToolchainMissing(f"the {op.provider} builder needs {', '.join(missing)}, which is not installed here")
     sources = {s: (bundle_root / s).read_bytes() for s in op.sources}
     key = hashlib.sha256(json.dumps([SCHEMA, op.digest, sorted((s, _sha256(b)) for s, b in sources.items()),
                                      _build_commands(op, "")[2], tools, platform.machine()]).encode()).hexdigest()
