@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 MAX_NODES = 64
 MAX_DEPTH = 8
@@ -62,7 +62,11 @@ class Expr:
     scalars: frozenset[str]
 
     def eval(self, tensors: Mapping[str, TensorFacts], scalars: Mapping[str, int]) -> int | str:
-        return _eval(self.tree, tensors, scalars, self.text)
+        fn = self.__dict__.get("_fn")
+        if fn is None:  # compiled once into closures over the checked tree
+            fn = _compile(self.tree, self.text)
+            object.__setattr__(self, "_fn", fn)
+        return fn(tensors, scalars)
 
 
 def _tensor_name(node: ast.expr, text: str) -> str:
@@ -153,47 +157,67 @@ def _checked(v: int, text: str) -> int:
     return v
 
 
-def _eval(node: ast.expr, tensors: Mapping[str, TensorFacts], scalars: Mapping[str, int], text: str) -> Any:
+Fn = Callable[[Mapping[str, TensorFacts], Mapping[str, int]], Any]
+
+
+def _divisor(b: int, text: str) -> int:
+    if b == 0:
+        raise ExprError(f"{text!r}: division by zero")
+    return b
+
+
+_ARITH: dict[type, Callable[[int, int, str], int]] = {
+    ast.Add: lambda a, b, t: a + b, ast.Sub: lambda a, b, t: a - b, ast.Mult: lambda a, b, t: a * b,
+    ast.FloorDiv: lambda a, b, t: a // _divisor(b, t), ast.Mod: lambda a, b, t: a % _divisor(b, t),
+}
+_INT: dict[str, Callable[[int, int, str], int]] = {
+    "min": lambda a, b, t: min(a, b), "max": lambda a, b, t: max(a, b), "cdiv": lambda a, b, t: -(-a // _divisor(b, t)),
+}
+
+
+def _compile(node: ast.expr, text: str) -> Fn:
+    """Closures evaluating a tree that :func:`parse_expr` accepted (every node kind is known)."""
     if isinstance(node, ast.Constant):
-        return node.value
+        value = node.value
+        return lambda ts, ss: value
     if isinstance(node, ast.Name):
-        if node.id not in scalars:
-            raise ExprError(f"{text!r}: scalar {node.id!r} is not available here")
-        v = scalars[node.id]
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ExprError(f"{text!r}: scalar {node.id!r} is {v!r}, not an integer")
-        return v
+        name = node.id
+
+        def scalar(ts: Mapping, ss: Mapping) -> int:
+            v = ss.get(name)
+            if v is None or isinstance(v, bool) or not isinstance(v, int):
+                raise ExprError(f"{text!r}: scalar {name!r} is not available here as an integer (got {v!r})")
+            return v
+        return scalar
     if isinstance(node, ast.UnaryOp):
-        return _checked(-_eval(node.operand, tensors, scalars, text), text)
+        inner = _compile(node.operand, text)
+        return lambda ts, ss: _checked(-inner(ts, ss), text)
     if isinstance(node, ast.BinOp):
-        a, b = _eval(node.left, tensors, scalars, text), _eval(node.right, tensors, scalars, text)
-        op = type(node.op)
-        if op in (ast.FloorDiv, ast.Mod) and b == 0:
-            raise ExprError(f"{text!r}: division by zero")
-        return _checked({ast.Add: a + b, ast.Sub: a - b, ast.Mult: a * b}.get(op) if op in (ast.Add, ast.Sub, ast.Mult)
-                        else a // b if op is ast.FloorDiv else a % b, text)
+        left, right, op = _compile(node.left, text), _compile(node.right, text), _ARITH[type(node.op)]
+        return lambda ts, ss: _checked(op(left(ts, ss), right(ts, ss), text), text)
     assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
     fn = node.func.id
     if fn in INT_FUNCS:
-        a, b = (_eval(x, tensors, scalars, text) for x in node.args)
-        if fn == "cdiv":
-            if b == 0:
-                raise ExprError(f"{text!r}: division by zero")
-            return _checked(-(-a // b), text)
-        return min(a, b) if fn == "min" else max(a, b)
+        left, right, op = _compile(node.args[0], text), _compile(node.args[1], text), _INT[fn]
+        return lambda ts, ss: _checked(op(left(ts, ss), right(ts, ss), text), text)
     name = _tensor_name(node.args[0], text)
-    if name not in tensors:
-        raise ExprError(f"{text!r}: tensor {name!r} is not available here")
-    t = tensors[name]
-    if fn in ("shape", "stride"):
-        i = node.args[1].value
-        rank = len(t.shape)
-        if 0 <= i < rank or -rank <= i < 0:
-            return t.shape[i] if fn == "shape" else t.stride[i]
-        if i < -rank:
-            return 1 if fn == "shape" else 0
-        raise ExprError(f"{text!r}: dimension {i} is out of range for {name} of rank {rank}")
-    n = 1
-    for s in t.shape:
-        n *= s
-    return {"rank": len(t.shape), "numel": n, "elsize": t.elsize, "offset": t.offset, "dtype": t.dtype}[fn]
+    index = node.args[1].value if fn in ("shape", "stride") else 0
+
+    def read(ts: Mapping, ss: Mapping) -> Any:
+        t = ts.get(name)
+        if t is None:
+            raise ExprError(f"{text!r}: tensor {name!r} is not available here")
+        if fn in ("shape", "stride"):
+            rank = len(t.shape)
+            if -rank <= index < rank:
+                return t.shape[index] if fn == "shape" else t.stride[index]
+            if index < -rank:
+                return 1 if fn == "shape" else 0
+            raise ExprError(f"{text!r}: dimension {index} is out of range for {name} of rank {rank}")
+        if fn == "numel":
+            n = 1
+            for s in t.shape:
+                n *= s
+            return n
+        return {"rank": len(t.shape), "elsize": t.elsize, "offset": t.offset, "dtype": t.dtype}[fn]
+    return read

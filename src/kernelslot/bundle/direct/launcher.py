@@ -133,6 +133,7 @@ class DirectArtifact:
         self.loaded = f"aot_loaded:{self.seal.digest[:16]}"
         self._receipts: list[str] = []
         self._prepares = 0
+        self._steps: dict[str, list] = {}
         self.state = {r.name: self._allocate(r, _Context({}, {}, self.device), zero=True) for r in self.op.resources
                       if r.lifetime == "engine"}
         self._role("init", _Context(dict(self.state), {}, self.device))
@@ -204,10 +205,11 @@ class DirectArtifact:
         return t
 
     def _role(self, role: str, ctx: _Context) -> list[str]:
-        exports = self.op.by_role(role)
+        if role not in self._steps:
+            exports = self.op.by_role(role)
+            self._steps[role] = [(s, [e for e in exports if e.step == s]) for s in sorted({e.step for e in exports})]
         receipts = []
-        for step in sorted({e.step for e in exports}):
-            here = [e for e in exports if e.step == step]
+        for step, here in self._steps[role]:
             chosen = [e for e in here if all(ctx.eval(x) == want for x, want in e.specializes)]
             if len(chosen) != 1:
                 facts = sorted({f"{x.text}={ctx.eval(x)}" for e in here for x, _ in e.specializes})
