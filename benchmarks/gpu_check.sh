@@ -24,6 +24,10 @@ echo "rc=$?"; grep -E "=> |^PASS|^FAIL|! " "$OUT/verify_cuda.txt" | head -60
 echo "== example bundle under the worker runner (CUDA IPC)"
 timeout 300 python3 -m kernelslot.cli verify examples/honest_attention --device cuda --isolate --quiet 2>&1 | tail -4
 
+echo "== sealed CUBIN direct artifact (cuda.cubin.v1: build, Driver API admission, launch; docs/direct-artifacts.md)"
+timeout 300 python3 -m kernelslot.cli verify examples/direct_cuda_activation --device cuda --quiet 2>&1 | tail -8
+echo "rc=$?"
+
 echo "== CUDA-only tests"
 timeout 300 python3 -m pytest -q -m cuda -p no:cacheprovider tests/verify/test_graph_cuda.py 2>&1 | tail -15
 

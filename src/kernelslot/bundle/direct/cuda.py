@@ -89,7 +89,8 @@ class CudaArtifact:
             sizes = []
             while len(sizes) < 256:
                 off, size = ctypes.c_size_t(), ctypes.c_size_t()
-                if lib.cuKernelGetParamInfo(ctypes.c_void_p(h), len(sizes), ctypes.byref(off), ctypes.byref(size)) != 0:
+                if lib.cuKernelGetParamInfo(ctypes.c_void_p(h), ctypes.c_size_t(len(sizes)), ctypes.byref(off),
+                                            ctypes.byref(size)) != 0:
                     break
                 sizes.append(size.value)
             pname = (name.value or b"").decode()
@@ -129,7 +130,8 @@ def tma_descriptor(ptr: int, dtype: str, shape: tuple[int, ...], stride: tuple[i
     strides = (ctypes.c_uint64 * max(rank - 1, 1))(*[stride[rank - 2 - i] * elsize for i in range(rank - 1)])
     boxes = (ctypes.c_uint32 * rank)(*box)
     ones = (ctypes.c_uint32 * rank)(*([1] * rank))
-    out = (ctypes.c_uint64 * 16)()
-    _check(_lib().cuTensorMapEncodeTiled(out, _TMA_DTYPES[dtype], rank, ctypes.c_void_p(ptr), dims, strides, boxes, ones,
-                                         0, 0, 0, 0), "cuTensorMapEncodeTiled")
-    return bytes(out)
+    raw = ctypes.create_string_buffer(128 + 64)  # a CUtensorMap is 64-byte aligned
+    at = ctypes.addressof(raw) + (-ctypes.addressof(raw)) % 64
+    _check(_lib().cuTensorMapEncodeTiled(ctypes.c_void_p(at), _TMA_DTYPES[dtype], ctypes.c_uint32(rank), ctypes.c_void_p(ptr),
+                                         dims, strides, boxes, ones, 0, 0, 0, 0), "cuTensorMapEncodeTiled")
+    return ctypes.string_at(at, 128)

@@ -2,7 +2,8 @@
 
 Build: the declared sources are copied into a private build directory and compiled by the
 fixed toolchain (``gcc``/``g++`` for ``native.elf.v1``, ``nvcc -cubin`` for ``cuda.cubin.v1``)
-with fixed flags, in child processes with an empty environment (``PATH`` and ``LC_ALL`` only),
+with fixed flags, in child processes with an empty environment (``PATH``, ``LC_ALL``, and ``TMPDIR`` set
+to the build directory, the only place a build writes),
 stdin closed, a deadline, and no network (``unshare --net`` where the kernel allows it; the
 index records which). Nothing from the bundle chooses a flag, a compiler or a path.
 
@@ -76,7 +77,7 @@ def _sha256(data: bytes) -> str:
 
 
 def _run(cmd: list[str], cwd: str, network_off: list[str]) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"}
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C", "TMPDIR": cwd}  # writes stay in the build dir
     try:
         return subprocess.run([*network_off, *cmd], cwd=cwd, env=env, stdin=subprocess.DEVNULL, capture_output=True,
                               text=True, timeout=BUILD_TIMEOUT_S)
