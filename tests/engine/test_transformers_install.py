@@ -228,3 +228,13 @@ def test_receipt_lookup_needs_a_passing_run_for_the_hash_and_dtype(tmp_path) -> 
     install(model, bundle=bundle, store=str(store)).uninstall()  # fp32 model: covered
     with pytest.raises(NotVerifiedError, match="bfloat16"):
         install(model.to(torch.bfloat16), bundle=bundle, store=str(store))
+
+
+def test_engine_imports_stay_lazy() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, kernelslot.cli as c, kernelslot.engines.transformers as t; c.build_parser(); "
+            "print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]
