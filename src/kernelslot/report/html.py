@@ -101,8 +101,11 @@ def _matrix(p: dict[str, Any]) -> list[str]:
         for r in slot.get("results", []):
             st = r.get("status", "skip")
             cols = r.get("columns", {})
-            extra = r.get("skipped_reason") or " ".join(f"{k}={v:.4g}" if isinstance(v, (int, float)) else f"{k}={v}"
-                                                        for k, v in sorted((r.get("metrics") or {}).items()))
+            failed = next((c for c in r.get("checks", []) if c.get("status") == "fail"), None)
+            extra = r.get("skipped_reason") or (f"{failed['name']}: {_first_line(failed.get('message', ''))[:140]}"
+                                                 if failed else "") \
+                or " ".join(f"{k}={v:.4g}" if isinstance(v, (int, float)) else f"{k}={v}"
+                            for k, v in sorted((r.get("metrics") or {}).items()))
             cells = [escape(r["profile"]), escape(str(r.get("model", ""))), escape(r["dtype"]),
                      escape(str(r.get("seed", "")))]
             out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells)
