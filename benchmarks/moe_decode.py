@@ -13,11 +13,14 @@ weights are rotated so the working set exceeds the LLC (see LAYERS below).
 With ``--peer-lib`` (built by benchmarks/peer_moe.sh from a ggml source tree outside this
 repository) every native call is interleaved with the same routed call on ggml's CPU backend
 (MUL_MAT_ID as llama.cpp runs it; MXFP8 is compared with ggml's q8_0, the closest 8-bit type)
-and the table adds the peer's GB/s and our speedup over it; the torch and transformers
-comparisons are skipped in that mode.
+and the table adds the peer's GB/s and our speedup over it, by wall time and by process CPU
+time (``x peer cpu``: robust to a shared machine; run with ``--threads 1`` for a comparison
+no scheduler noise can skew); the torch and transformers comparisons are skipped in that mode.
 
 Usage: python benchmarks/moe_decode.py [--quick] [--json FILE] [--iters N] [--threads N]
-       [--no-transformers] [--peer-lib PATH]
+       [--no-transformers] [--peer-lib PATH] [--cycles]
+
+``--cycles`` prints only the hot single-thread kernel cost per 32 weights (see decode_cycles).
 """
 from __future__ import annotations
 
@@ -220,7 +223,7 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
     header = (f"{'T':>3} {'median ms':>10} {'MB read':>8} {'GB/s':>6} {'of bw':>6} {'spread':>6} "
               f"{'cpuGB/s':>7} {'of cbw':>6} "
               f"{'x torch':>8} {'x eager':>8} {'x bmm':>8} {'x gmm':>8}"
-              + (f" {'peer ms':>8} {'peerGB/s':>8} {'x peer':>7}" if peer else ""))
+              + (f" {'peer ms':>8} {'peerGB/s':>8} {'x peer':>7} {'x peer cpu':>10}" if peer else ""))
     print(header)
     for T in tokens:
         x = torch.randn(T, c.H, generator=gen)
@@ -235,13 +238,14 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
         if peer:
             peer.tokens(T)
             peer.run(0, *routes[0])
-            times, cpu_used = [], 0.0
+            times, cpu_used, peer_cpu = [], 0.0, 0.0
             for i in range(iters):  # interleaved: ours, then the peer, on the same routing
                 c0 = cpu_seconds()
                 times += time_calls(lambda _: native(i), 1)
-                cpu_used += cpu_seconds() - c0
+                c1 = cpu_seconds()
                 peer_times.append(peer.run(i % c.layers, *routes[i]))
-            cpu_per_call = cpu_used / iters
+                cpu_used, peer_cpu = cpu_used + c1 - c0, peer_cpu + cpu_seconds() - c1
+            cpu_per_call, peer_cpu_per_call = cpu_used / iters, peer_cpu / iters
         else:
             c0 = cpu_seconds()
             times = time_calls(native, iters)
@@ -284,7 +288,8 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
               f"{fmtx(speed.get('grouped_mm'))}"
               + (f" {statistics.median(peer_times) * 1e3:8.2f} "
                  f"{distinct * peer.expert_bytes / statistics.median(peer_times) / 1e9:8.1f} "
-                 f"{statistics.median(peer_times) / med:7.2f}" if peer else ""), flush=True)
+                 f"{statistics.median(peer_times) / med:7.2f} {peer_cpu_per_call / cpu_per_call:10.2f}"
+                 if peer else ""), flush=True)
         records.append({"shape": c.shape, "format": c.fmt, "mx_path": c.mx_path, "T": T, "median_s": med, "weight_bytes": nbytes,
                         "gbps": gbps, "fraction_of_bandwidth": gbps / bandwidth,
                         "speedup_vs_torch": speed["torch"],
@@ -297,9 +302,44 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
             records[-1].update({"peer_median_s": pmed, "peer_gbps": distinct * peer.expert_bytes / pmed / 1e9,
                                 "peer_weight_bytes": int(distinct * peer.expert_bytes),
                                 "speedup_vs_peer": pmed / med,
+                                "cpu_speedup_vs_peer": peer_cpu_per_call / cpu_per_call,
                                 "peer_type": {"mxfp8": "q8_0"}.get(c.fmt, c.fmt)})
     del layers, prepared, tf
     gc.collect()
+    return records
+
+
+def cpu_mhz() -> float | None:
+    """The nominal clock from /proc/cpuinfo (None elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(float(line.split(":")[1]) for line in f if line.startswith("cpu MHz"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def decode_cycles(gen: torch.Generator, iters: int) -> list[dict]:
+    """Kernel cost per 32 weights, hot: one thread, one expert (H = I = 1024, L2/L3-resident),
+    all T tokens routed to it; thread CPU time (robust to a shared machine), minimum of
+    ``iters`` calls, so call overheads are included. Cycles at the nominal clock."""
+    mhz, records = cpu_mhz(), []
+    print(f"\n== decode cost, hot, 1 thread (H = I = 1024, 1 expert); cycles at {mhz or '?'} MHz")
+    print(f"{'format':>7} {'T':>3} {'ns/32w':>7} {'cyc/32w':>8} {'cyc/32w/token':>14}")
+    for fmt in ("mxfp4", "nvfp4", "mxfp8", "bf16"):
+        c = Case("hot", fmt, 1, 1024, 1024, 1, 1, mx_path=fmt in ("mxfp4", "mxfp8"))
+        prep = prepare_native_experts(random_experts(c, gen))
+        for T in (1, 2, 8, 16):
+            x, out = torch.randn(T, 1024, generator=gen), torch.zeros(T, 1024)
+            ids, w = torch.zeros(T, 1, dtype=torch.int32), torch.ones(T, 1)
+            ts = []
+            for _ in range(iters):
+                t = time.thread_time()
+                expert_mlp_native(x, ids, w, prep, ACT, True, c.mx_path, out, num_threads=1)
+                ts.append(time.thread_time() - t)
+            ns = min(ts) / (3 * 1024 * 1024 / 32) * 1e9
+            cyc = ns * mhz / 1e3 if mhz else float("nan")
+            print(f"{fmt:>7} {T:>3} {ns:7.2f} {cyc:8.2f} {cyc / T:14.2f}", flush=True)
+            records.append({"format": fmt, "T": T, "ns_per_32_weights": ns, "cycles_per_32_weights": cyc})
     return records
 
 
@@ -308,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="GPT-OSS-20B shape, MXFP4 / NVFP4 / MXFP8 / bf16, T=1 and T=8 only")
     ap.add_argument("--peer-lib", metavar="SO", help="ggml peer library built by benchmarks/peer_moe.sh")
+    ap.add_argument("--cycles", action="store_true", help="only the hot decode cost in cycles per 32 weights")
     ap.add_argument("--json", metavar="FILE", help="write one record per case to FILE")
     ap.add_argument("--iters", type=int, default=21, help="native calls per case (median)")
     ap.add_argument("--threads", type=int, default=default_threads())
@@ -319,6 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
+    if args.cycles:
+        cycles = decode_cycles(gen, max(args.iters, 20))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"isa": isa, "decode_cycles": cycles}, f, indent=1)
+        return 0
     bw, bw_spread, cbw = measure_bandwidth(args.threads)
     print(f"native ISA {isa}, {args.threads} threads; measured read bandwidth {bw:.1f} GB/s "
           f"(spread {bw_spread:.0%} over 9 reads of 1 GiB; CPU-normalised {cbw:.1f} GB/s); "
