@@ -185,7 +185,7 @@ typedef struct {
     ks_call *call;
     const float *h;       /* raw hidden (T, H) */
     float *xq;            /* MXFP8 q-dq hidden or NULL */
-    phase_fn fn;          /* NULL: the hidden-quantisation phase */
+    phase_fn fn;          /* NULL: the activation phase (MXFP8 q-dq, bf16 / fp4pair layouts) */
     int tid, nth;
 } ks_task;
 
