@@ -7,9 +7,10 @@
 ``kernelslot report ...``        an HTML page from a JSON report or a store; list / compare stored runs
 ``kernelslot e2e [BUNDLE] --model M``  end-to-end qualification inside a transformers model (engines/cli.py)
 
-Exit status: 0 everything passed, 1 a verification failed, 2 bad input (one line on stderr,
-never a traceback), 3 not run (this machine cannot run the bundle: e.g. a cuda.cubin.v1 artifact
-without CUDA). Every output path is validated before anything runs.
+Exit status: 0 everything that ran passed, 1 a verification failed, 2 bad input (one line on
+stderr, never a traceback), 3 nothing could run here (not run: no CUDA device, a missing package,
+a cuda.cubin.v1 artifact without CUDA). With several slots the worst real verdict decides and the
+slots not run are listed. Every output path is validated before anything runs.
 """
 from __future__ import annotations
 
@@ -138,10 +139,12 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     if m.competition:
         print("competition: " + ", ".join(f"{k}={v}" for k, v in m.competition.items()))
     for row in m.ops:
-        model = f" model={row.model}" if row.model else ""
         origin = f"direct {row.direct.provider}" if row.direct is not None else f"{row.source}:{row.entry}"
-        print(f"  {row.label:40s} {origin}  domain: {row.domain.describe()}"
-              f"{' graph_safe' if row.graph_safe else ''}{model}")
+        override = f" (override {row.base_kernel}.{row.override_point})" if row.base_kernel else ""
+        print(f"  {row.label:40s} {origin}{override}  model={row.model}{' graph_safe' if row.graph_safe else ''}")
+        print(f"    effective domain: {row.domain.describe()}")
+        if row.base_kernel and row.architectures:
+            print(f"    architectures {', '.join(row.architectures)} bind the device entry only; the composed torch form runs anywhere")
         if row.index in bundle.unbuilt:
             print(f"    not built here: {bundle.unbuilt[row.index]}")
         elif row.direct is not None:  # bindings, declared vs observed inventory, seal (docs/direct-artifacts.md)
@@ -162,8 +165,6 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
     if args.device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available here (torch.cuda.is_available() is False)")
     dtypes = tuple(getattr(torch, d) for d in args.dtype) if args.dtype else None
-    if args.model and args.model not in MODELS:
-        raise UsageError(f"--model {args.model!r} is unknown; known: {', '.join(MODELS)}")
     if args.profile:
         valid = sorted({p.name for name, _ in targets for p in get_slot(name).profiles})
         unknown = [p for p in args.profile if p not in valid]
@@ -193,12 +194,19 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
 
 def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Any]]], object | None]:
     from kernelslot.slots import CATALOG, get_slot
+    from kernelslot.slots.models import MODELS, resolve_model
+
+    if args.model:  # the arena's spellings too (MiniMax-M3-NVFP4, __none__)
+        resolved = resolve_model(args.model)
+        if resolved is None:
+            raise UsageError(f"--model {args.model!r} is unknown; known: {', '.join(MODELS)}")
+        args.model = resolved[0]
 
     if args.bundle:
         from kernelslot.bundle import load_bundle
 
         bundle = load_bundle(args.bundle)
-        cands = bundle.candidates()
+        cands = bundle.candidates(model=args.model)  # --model rebinds every row
         for s in args.slot or []:
             if s not in cands:
                 raise UsageError(f"--slot {s}: the bundle has no op for it; valid: {', '.join(sorted(cands))}")
@@ -277,27 +285,31 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     finally:
         runner.close()
         elapsed = time.perf_counter() - started
-        failed = [r.slot for r in reports if not r.passed]
-        passed = complete and not failed
+        failed = [r.slot for r in reports if r.status == "fail"]
+        not_run = [r for r in reports if r.status == "not run"]
+        passed = complete and not failed and len(not_run) < len(reports)
+        verdict = ("pass" if passed else "fail" if failed or not reports else "not run") if complete else "interrupted"
         if store:
-            store.finish_run(run_id, ("pass" if passed else "fail") if complete else "interrupted")
+            store.finish_run(run_id, verdict)
             store.close()
         if json_path or html_path:  # written even for an interrupted run: every completed slot is kept
             payload = build_payload(slots, passed=passed, elapsed_s=elapsed, device=args.device, runner=runner.name,
                                     seeds=list(opts.seeds), command=_command_line(), timed=args.time,
                                     bundle={"id": bundle.bundle_id, "sha256": bundle.content_hash} if bundle else None)
-            if not complete:
-                payload["status"] = "interrupted"
+            payload["status"] = verdict
             if json_path:
                 write_text(json_path, json.dumps(payload, indent=2, default=str))
             if html_path:
                 from kernelslot.report.html import render_html
 
                 write_text(html_path, render_html(payload))
-    summary = f"{len(reports) - len(failed)}/{len(reports)} slots passed in {elapsed:.1f}s"
-    _print_verdicts(("PASS: " if not failed else "FAIL: ") + summary
-                    + (f"; failed: {', '.join(failed)}" if failed else ""), console)
-    return EXIT_PASS if not failed else EXIT_FAIL
+    ran = len(reports) - len(not_run)
+    status = EXIT_FAIL if failed else EXIT_PASS if ran else EXIT_NOT_RUN
+    summary = f"{ran - len(failed)}/{ran} slots passed in {elapsed:.1f}s"
+    _print_verdicts({EXIT_PASS: "PASS: ", EXIT_FAIL: "FAIL: ", EXIT_NOT_RUN: "NOT RUN: "}[status] + summary
+                    + (f"; failed: {', '.join(failed)}" if failed else "")
+                    + (f"; not run: {'; '.join(f'{r.slot} ({r.not_run})' for r in not_run)}" if not_run else ""), console)
+    return status
 
 
 # --- report -----------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from kernelslot.abi.capability import (
     CapabilityDomain,
     CapabilityError,
     Predicate,
+    canonical_arch,
+    canonical_dtype,
     domains_overlap,
 )
 from kernelslot.abi.comparators import AllClose, AllOf, Comparator, Cosine, MatchedRatio, TopKOverlap, Verdict
@@ -12,7 +14,7 @@ from kernelslot.abi.slot import Arg, Role, Slot, SlotKind
 from kernelslot.abi.tensor_spec import AllocatedOutput, OutputSpec, allocate_output, poison_value
 
 __all__ = [
-    "DESCRIPTOR_FIELDS", "CallDescriptor", "CapabilityDomain", "CapabilityError", "Predicate", "domains_overlap",
+    "DESCRIPTOR_FIELDS", "CallDescriptor", "CapabilityDomain", "CapabilityError", "Predicate", "canonical_arch", "canonical_dtype", "domains_overlap",
     "AllClose", "AllOf", "Comparator", "Cosine", "MatchedRatio", "TopKOverlap", "Verdict",
     "Arg", "Role", "Slot", "SlotKind", "AllocatedOutput", "OutputSpec", "allocate_output", "poison_value",
 ]

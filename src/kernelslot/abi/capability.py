@@ -9,9 +9,16 @@ A live call is described by a :class:`CallDescriptor`. A candidate declares a
 
 A field the descriptor lacks (``None``) is a **mismatch**, never a wildcard. Unknown field or
 predicate names are rejected when the domain is built (i.e. when a bundle loads).
+
+Spellings are canonical on both sides: ``dtype`` values and predicate values go through
+:func:`canonical_dtype` (``bf16`` -> ``bfloat16``, ``half`` -> ``float16``, ...), ``arch``
+values through :func:`canonical_arch` (``sm80``, ``sm_80``, ``SM-80`` -> ``sm_80``; the
+``a``/``f`` compile-target suffixes of ``sm90a``/``sm100f`` name the same device, ``sm_90`` /
+``sm_100``), in descriptors and in domains alike.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -20,6 +27,35 @@ PREDICATES = ("exact", "one_of", "range")
 
 class CapabilityError(ValueError):
     """A capability domain or predicate is malformed."""
+
+
+DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+_ARCH = re.compile(r"^sm_?(\d{2,3})[af]?$")
+
+
+def canonical_dtype(name: Any) -> Any:
+    """``bf16``/``fp16``/``half``/``fp32``/``float``/``torch.bfloat16`` -> the torch dtype name."""
+    if not isinstance(name, str):
+        return name
+    token = name.strip().lower().removeprefix("torch.")
+    return DTYPE_ALIASES.get(token, token)
+
+
+def canonical_arch(name: Any) -> Any:
+    """``sm80``/``sm_80``/``SM-80``/``sm80a`` -> ``sm_80``; other names lower-cased (``cpu``)."""
+    if not isinstance(name, str):
+        return name
+    token = name.strip().lower().replace("-", "_")
+    m = _ARCH.match(token)
+    return f"sm_{m.group(1)}" if m else token
+
+
+def is_known_arch(name: str) -> bool:
+    """Whether ``name`` (canonical) is ``cpu`` or a CUDA ``sm_XY``."""
+    return name == "cpu" or bool(_ARCH.match(name))
+
+
+_CANONICAL = {"dtype": canonical_dtype, "arch": canonical_arch}
 
 
 @dataclass(frozen=True)
@@ -43,7 +79,12 @@ class CallDescriptor:
     layout: str | None = None
     quant: str | None = None  # "dense" | "fp8_row" | "mxfp4" | "mxfp8" | "nvfp4" | ...
     world_size: int | None = None
-    arch: str | None = None  # "cpu" | "sm_90" | ...
+    arch: str | None = None  # "cpu" | "sm_90" | ... (canonical_arch)
+    last_dim: int | None = None  # the last dimension of the slot's first tensor input
+
+    def __post_init__(self) -> None:
+        for name, canon in _CANONICAL.items():
+            object.__setattr__(self, name, canon(getattr(self, name)))
 
     def get(self, name: str) -> Any:
         return getattr(self, name)
@@ -67,10 +108,13 @@ class Predicate:
             raise CapabilityError(
                 f"unknown predicate {self.kind!r} for field {self.field!r}; allowed: {', '.join(PREDICATES)}"
             )
+        canon = _CANONICAL.get(self.field, lambda v: v)
         if self.kind == "one_of":
             if not isinstance(self.value, (list, tuple)) or not self.value:
                 raise CapabilityError(f"{self.field}.one_of needs a non-empty list, got {self.value!r}")
-            object.__setattr__(self, "value", tuple(self.value))
+            object.__setattr__(self, "value", tuple(canon(v) for v in self.value))
+        if self.kind == "exact":
+            object.__setattr__(self, "value", canon(self.value))
         if self.kind == "range":
             ok = (
                 isinstance(self.value, (list, tuple))

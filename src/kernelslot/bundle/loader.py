@@ -16,10 +16,75 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
+from kernelslot.bundle.domain import rebound
 from kernelslot.bundle.hashing import bundle_hash
 from kernelslot.bundle.manifest import Manifest, ManifestError, load_manifest
+from kernelslot.kernels.moe_overrides import BASES, compose
 from kernelslot.slots import CATALOG, Candidate, Kernel
-from kernelslot.slots.base import KernelSource
+from kernelslot.slots.base import KernelSource, Needs, Override
+from kernelslot.slots.models import model_profile
+
+
+# Signatures the arena published earlier for a slot (with their positional arity): a bundle
+# written for one gets a message naming it and the current signature.
+EARLIER_SIGNATURES = {
+    "attention.decode": ("dense decode entry(q, k, v, seq_lens, sm_scale, out)", 6),
+    "attention.msa_prefill_block_score": ("6-argument score sheet entry(q, index_k, prefix_len, scale, block_size, out)", 6),
+}
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """What a bundle source defines and imports, read from its syntax tree (nothing runs)."""
+
+    defs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]  # module-level, also inside if/try blocks
+    assigned: frozenset[str]
+    packages: tuple[str, ...]  # top-level packages imported unguarded at module level (not the bundle's own)
+    referee_import: str | None
+
+    def defines(self, name: str) -> bool:
+        return name in self.defs or name in self.assigned
+
+
+def _module_level(body: list[ast.stmt], guarded: bool = False):
+    """Module-level statements, descending into if/try blocks; yields (statement, inside an ImportError guard)."""
+    for node in body:
+        yield node, guarded
+        if isinstance(node, ast.If):
+            yield from _module_level(node.body + node.orelse, guarded)
+        elif isinstance(node, ast.Try):
+            catches = any(h.type is None or "ImportError" in ast.unparse(h.type) or "Exception" in ast.unparse(h.type)
+                          for h in node.handlers)
+            yield from _module_level(node.body, guarded or catches)
+            yield from _module_level(node.orelse + node.finalbody, guarded)
+            for h in node.handlers:
+                yield from _module_level(h.body, guarded)
+
+
+def source_facts(path: Path) -> SourceFacts:
+    """Facts of one source file; raises SyntaxError (or UnicodeDecodeError) if it does not parse."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    defs: dict = {}
+    assigned: set[str] = set()
+    packages: list[str] = []
+    for node, guarded in _module_level(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defs.setdefault(node.name, node)
+        elif isinstance(node, ast.Assign):
+            assigned.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif not guarded and isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for top in (n.split(".")[0] for n in names):
+                local = (path.parent / f"{top}.py").exists() or (path.parent / top).is_dir()
+                if top and not local and top not in packages:
+                    packages.append(top)
+    referee = None
+    for node in ast.walk(tree):
+        mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        referee = referee or next((m for m in mods if m.startswith(("kernelslot.verify", "kernelslot.abi.comparators"))), None)
+    return SourceFacts(defs, frozenset(assigned), tuple(packages), referee)
 
 
 @dataclass(frozen=True)
@@ -28,33 +93,53 @@ class Bundle:
     content_hash: str
     seals: dict = field(default_factory=dict)  # op index -> its Seal (direct-artifact rows)
     unbuilt: dict = field(default_factory=dict)  # op index -> why this machine cannot build it (not run)
+    facts: tuple = ()  # per op row: its SourceFacts (None for a direct-artifact row)
 
     @property
     def bundle_id(self) -> str:
         return self.manifest.bundle_id
 
-    def candidates(self) -> dict[str, list[Candidate]]:
-        """Slot name -> its variants as candidates (callables resolved lazily by the runner)."""
+    def candidates(self, model: str | None = None) -> dict[str, list[Candidate]]:
+        """Slot name -> its variants as candidates (callables resolved lazily by the runner).
+
+        Each carries its row's effective domain and bound model; ``model`` (``verify --model``)
+        rebinds every row to that model profile instead.
+        """
         out: dict[str, list[Candidate]] = {}
-        for row in self.manifest.ops:
+        for row, facts in zip(self.manifest.ops, self.facts or [None] * len(self.manifest.ops)):
             if row.index in self.unbuilt:
                 continue
+            bound = model or row.model
+            name = f"{self.bundle_id}:{row.label}"
             if row.direct is not None:  # the referee's launcher for the sealed artifact
                 src = KernelSource(entry="run", prepare="prepare" if row.direct.by_role("prepare") else None,
                                    sealed=self.seals[row.index].handle)
+            elif row.base_kernel:
+                attr = override_attr(row.entry, facts)
+                src = KernelSource(entry=row.entry, prepare=f"{row.base_kernel}.prepare", file=str(self.manifest.root / row.source),
+                                   override=Override(row.base_kernel, row.override_point, attr, bound))
+                name += f"[{attr} in {row.base_kernel}.{row.override_point}]"
             else:
                 src = KernelSource(entry=row.entry, prepare=row.prepare, file=str(self.manifest.root / row.source))
-            kernel = Kernel(entry=None, prepare=None, name=f"{self.bundle_id}:{row.label}", source=src)
-            out.setdefault(row.slot, []).append(Candidate(kernel, row.domain, row.graph_safe, kernel.name, row.model))
+            kernel = Kernel(entry=None, prepare=None, name=name, source=src)
+            needs = Needs(() if row.base_kernel else row.architectures, facts.packages if facts else ())
+            domain = row.domain if model is None else rebound(row.domain, model)
+            out.setdefault(row.slot, []).append(Candidate(kernel, domain, row.graph_safe, kernel.name, bound, needs))
         return out
+
+
+def override_attr(entry: str, facts: SourceFacts | None) -> str:
+    """The callable an override row composes into its torch base: ``<entry>_ref`` (its torch
+    reference) when the source defines one, else ``entry``."""
+    return f"{entry}_ref" if facts is not None and facts.defines(f"{entry}_ref") else entry
 
 
 def load_bundle(path: str | Path) -> Bundle:
     manifest = load_manifest(path)
-    problems = static_problems(manifest)
+    facts, problems = _scan(manifest)
     if problems:
         raise ManifestError(problems[0])
-    return Bundle(manifest, bundle_hash(manifest.root), *seal_direct_rows(manifest))
+    return Bundle(manifest, bundle_hash(manifest.root), *seal_direct_rows(manifest), facts=tuple(facts))
 
 
 def seal_direct_rows(manifest: Manifest) -> tuple[dict, dict]:
@@ -89,38 +174,56 @@ def _accepts(fn: ast.FunctionDef | ast.AsyncFunctionDef, n: int) -> tuple[bool, 
 
 def static_problems(manifest: Manifest) -> list[str]:
     """Checks made without running candidate code: entry/prepare defined with the slot's arity."""
-    problems = []
+    return _scan(manifest)[1]
+
+
+def _read_facts(manifest: Manifest, row) -> tuple[SourceFacts | None, str | None]:
+    where = f"{manifest.path}: ops[{row.index}]"
+    try:
+        return source_facts(manifest.root / row.source), None
+    except UnicodeDecodeError as exc:
+        return None, f"{where}.source: {row.source} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+    except SyntaxError as exc:
+        return None, f"{where}.source: {row.source} does not parse: {exc.msg} (line {exc.lineno})"
+
+
+def _scan(manifest: Manifest) -> tuple[list[SourceFacts | None], list[str]]:
+    """Each row's source facts (None where unreadable) and every static problem found."""
+    problems: list[str] = []
+    all_facts: list[SourceFacts | None] = []
     for row in manifest.ops:
         if row.direct is not None:  # no Python: parsed, joined and bounded by the manifest already
+            all_facts.append(None)
             continue
-        src_path = manifest.root / row.source
         where = f"{manifest.path}: ops[{row.index}]"
-        try:
-            tree = ast.parse(src_path.read_text(encoding="utf-8"), filename=str(src_path))
-        except UnicodeDecodeError as exc:
-            problems.append(f"{where}.source: {row.source} is not UTF-8 text (byte {exc.start}); save it as UTF-8")
+        f, problem = _read_facts(manifest, row)
+        all_facts.append(f)
+        if f is None:
+            problems.append(problem)
             continue
-        except SyntaxError as exc:
-            problems.append(f"{where}.source: {row.source} does not parse: {exc.msg} (line {exc.lineno})")
-            continue
-        defs = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-        assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
         slot = CATALOG[row.slot].slot
-        for key, name, want in (("entry", row.entry, len(slot.args)), ("prepare", row.prepare, len(slot.prepare_args))):
+        if row.base_kernel:
+            attr = override_attr(row.entry, f)
+            checks = [("entry", attr, BASES[row.base_kernel].points[row.override_point])]
+        else:
+            checks = [("entry", row.entry, len(slot.args)), ("prepare", row.prepare, len(slot.prepare_args))]
+        for key, name, want in checks:
             if name is None:
                 continue
-            if name in defs:
-                ok, takes = _accepts(defs[name], want)
-                if not ok:
-                    sig = slot.signature()
-                    problems.append(f"{where}.{key}: {name}() takes {takes} positional arguments, the slot passes {want}: {sig}")
-            elif name not in assigned:
+            if name in f.defs:
+                ok, takes = _accepts(f.defs[name], want)
+                earlier = EARLIER_SIGNATURES.get(row.slot)
+                if not ok and key == "entry" and earlier and _accepts(f.defs[name], earlier[1])[0] and not row.base_kernel:
+                    problems.append(f"{where}.entry: {name}() is written for the arena's earlier {row.slot} signature, "
+                                    f"the {earlier[0]}; the current signature is {slot.signature()}")
+                elif not ok:
+                    passes = f"{row.override_point} passes {want}" if row.base_kernel else f"the slot passes {want}: {slot.signature()}"
+                    problems.append(f"{where}.{key}: {name}() takes {takes} positional arguments, {passes}")
+            elif not f.defines(name):
                 problems.append(f"{where}.{key}: {row.source} defines no top-level {name!r}")
-        for node in ast.walk(tree):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            if any(m.startswith(("kernelslot.verify", "kernelslot.abi.comparators")) for m in mods):
-                problems.append(f"{where}.source: {row.source} imports the referee ({mods[0]}); a candidate never imports the referee")
-    return problems
+        if f.referee_import:
+            problems.append(f"{where}.source: {row.source} imports the referee ({f.referee_import}); a candidate never imports the referee")
+    return all_facts, problems
 
 
 _MODULES: dict[str, ModuleType] = {}
@@ -147,7 +250,8 @@ def load_source_module(file: str) -> ModuleType:
 
 
 def resolve_callables(source: KernelSource) -> tuple[Callable, Callable | None]:
-    """The entry and prepare callables a :class:`KernelSource` names."""
+    """The entry and prepare callables a :class:`KernelSource` names (for an override: the
+    built-in base composed with the override's callable)."""
     if source.sealed:  # a sealed direct artifact: the referee's launcher, admitted in this process
         from kernelslot.bundle.direct import open_sealed
 
@@ -163,4 +267,7 @@ def resolve_callables(source: KernelSource) -> tuple[Callable, Callable | None]:
         if not callable(obj):
             raise ImportError(f"{source.file or source.module}:{attr} is not callable")
         return obj
+    if source.override is not None:
+        o = source.override
+        return compose(o.base, o.point, get(o.attr), model_profile(o.model).activation)
     return get(source.entry), get(source.prepare) if source.prepare else None

@@ -13,12 +13,17 @@
     entry = "silu_and_mul"
     variant = "small"              # required when a slot repeats; variant domains may not overlap
     prepare = "prepare"            # required exactly when the slot has a prepare step
-    dtypes = ["bfloat16"]          # -> domain predicate dtype one_of
-    architectures = ["cpu"]        # -> domain predicate arch one_of ("cpu", "sm_90", ...)
-    metadata = "meta.json"         # optional JSON; its "model" selects the model profile
+    dtypes = ["bfloat16"]          # -> domain predicate dtype one_of (bf16, fp16, ... accepted)
+    architectures = ["cpu"]        # -> domain predicate arch one_of ("cpu", "sm80", "sm_90a", ...)
+    metadata = "meta.json"         # optional JSON: model binding and arena eligibility keys
     graph_safe = true              # routing declaration for CUDA-graph capture
     [ops.domain]                   # predicates over CallDescriptor fields
     num_tokens = { range = [1, 64] }
+
+An override row names ``base_kernel`` and ``override_point`` instead of a prepare: its entry
+(or ``<entry>_ref``) is composed into a built-in base (``kernels/moe_overrides.py``). The
+row's effective domain (``bundle/domain.py``) conjoins manifest and metadata. Keys the arena
+uses that kernelslot does not admit (:data:`REJECTED_KEYS`) are refused with the reason.
 
 Every malformed manifest raises :class:`ManifestError` with one line naming the file, the key
 and what is allowed.
@@ -32,16 +37,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernelslot.abi import CapabilityDomain, CapabilityError, domains_overlap
+from kernelslot.abi import CapabilityDomain, canonical_arch, domains_overlap
 from kernelslot.bundle.direct.spec import DIRECT_KEYS, DirectError, is_direct_row, parse_direct
+from kernelslot.bundle.domain import DomainError, effective_domain
+from kernelslot.kernels.moe_overrides import BASES, find_base
 from kernelslot.slots import CATALOG
-from kernelslot.slots.models import MODELS
 
 ABI_VERSION = "cacheon-op-abi-v0"
 TOP_KEYS = ("bundle_id", "abi_version", "competition", "ops")
 COMPETITION_KEYS = ("target", "mode")
-OP_KEYS = ("slot", "source", "entry", "variant", "prepare", "dtypes", "architectures", "metadata", "domain", "graph_safe")
-DTYPES = ("float32", "bfloat16", "float16")
+OP_KEYS = ("slot", "source", "entry", "variant", "prepare", "dtypes", "architectures", "metadata", "domain", "graph_safe",
+           "base_kernel", "override_point")
+# Keys the arena's bundles use that kernelslot does not admit, and why (never a bare "unknown key").
+REJECTED_KEYS = {
+    "setup": "a host callback run at engine start-up, outside the slot ABI (a candidate owns only the computation "
+             "behind its entry and prepare); remove it",
+    "dep_patches": "dependency patches are not admitted: a bundle cannot change the engine or its dependencies",
+}  # aot_exports / artifact_resources / native_sources / cuda_sources: the direct-artifact form (bundle/direct)
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -60,11 +72,12 @@ class OpRow:
     dtypes: tuple[str, ...]
     architectures: tuple[str, ...]
     metadata: str | None
-    model: str | None
-    domain: CapabilityDomain
+    model: str  # the model profile the row is bound to ("generic" when its metadata names none)
+    domain: CapabilityDomain  # the effective domain (bundle/domain.py)
     graph_safe: bool
     direct: Any = None  # a DirectOp (kernelslot.bundle.direct) for a direct-artifact row: no source/entry
-
+    base_kernel: str | None = None  # override submissions: the built-in base and its override point
+    override_point: str | None = None
 
     @property
     def label(self) -> str:
@@ -96,20 +109,28 @@ def _inside(root: Path, rel: Any, path: Path, key: str) -> Path:
     return target
 
 
-def _str_list(value: Any, path: Path, key: str, allowed: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-        raise _err(path, key, f"must be a non-empty list of strings, got {value!r}")
-    if allowed is not None:
-        bad = [v for v in value if v not in allowed]
-        if bad:
-            raise _err(path, key, f"unknown value(s) {bad}; allowed: {', '.join(allowed)}")
-    return tuple(value)
+def _rejected(path: Path, where: str, keys: Any) -> None:
+    for key in keys:
+        if key in REJECTED_KEYS:
+            raise _err(path, f"{where}{key}", f"not admitted: {REJECTED_KEYS[key]}")
+
+
+def _metadata(root: Path, path: Path, where: str, rel: Any) -> dict:
+    meta_path = _inside(root, rel, path, f"{where}.metadata")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _err(path, f"{where}.metadata", f"{rel} is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise _err(path, f"{where}.metadata", f"{rel} must hold a JSON object")
+    return meta
 
 
 def _parse_op(root: Path, path: Path, i: int, row: Any) -> OpRow:
     where = f"ops[{i}]"
     if not isinstance(row, dict):
         raise _err(path, where, "each [[ops]] entry must be a table")
+    _rejected(path, f"{where}.", row)
     unknown = sorted(set(row) - set(OP_KEYS) - set(DIRECT_KEYS))
     if unknown:
         raise _err(path, f"{where}.{unknown[0]}", f"unknown key; allowed: {', '.join(OP_KEYS + DIRECT_KEYS)}")
@@ -127,50 +148,32 @@ def _parse_op(root: Path, path: Path, i: int, row: Any) -> OpRow:
     for key in ("entry", "prepare"):
         if key in row and (not isinstance(row[key], str) or not _IDENT.match(row[key])):
             raise _err(path, f"{where}.{key}", f"must be a Python identifier, got {row[key]!r}")
-    needs_prepare = CATALOG[slot].slot.needs_prepare
+    base, point = _override(path, where, row, slot)
+    needs_prepare = CATALOG[slot].slot.needs_prepare and base is None
     if needs_prepare and "prepare" not in row and direct is None:
         raise _err(path, f"{where}.prepare", f"slot {slot} has a prepare step ({CATALOG[slot].slot.signature()}); name the function")
     if not needs_prepare and "prepare" in row:
-        raise _err(path, f"{where}.prepare", f"slot {slot} has no prepare step; remove the key")
+        why = "an override uses its base's prepare" if base else f"slot {slot} has no prepare step"
+        raise _err(path, f"{where}.prepare", f"{why}; remove the key")
     variant = row.get("variant")
     if variant is not None and (not isinstance(variant, str) or not variant):
         raise _err(path, f"{where}.variant", f"must be a non-empty string, got {variant!r}")
-    dtypes = _str_list(row["dtypes"], path, f"{where}.dtypes", DTYPES) if "dtypes" in row else ()
-    archs = _str_list(row["architectures"], path, f"{where}.architectures") if "architectures" in row else ()
-    if direct is not None and direct.provider == "native.elf.v1" and set(archs) - {"cpu"}:
-        raise _err(path, f"{where}.architectures", "a native.elf.v1 artifact runs on the CPU only; allowed: cpu")
-    archs = archs or (("cpu",) if direct is not None and direct.provider == "native.elf.v1" else ())
-    graph_safe = row.get("graph_safe", False)
-    if not isinstance(graph_safe, bool):
-        raise _err(path, f"{where}.graph_safe", f"must be true or false, got {graph_safe!r}")
-    model = None
-    if "metadata" in row:
-        meta_path = _inside(root, row["metadata"], path, f"{where}.metadata")
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _err(path, f"{where}.metadata", f"{row['metadata']} is not valid JSON ({exc})") from None
-        if not isinstance(meta, dict):
-            raise _err(path, f"{where}.metadata", f"{row['metadata']} must hold a JSON object")
-        model = meta.get("model")
-        if model is not None and model not in MODELS:
-            raise _err(path, f"{where}.metadata", f"model {model!r} in {row['metadata']} is unknown; known: {', '.join(MODELS)}")
-    domain_spec = row.get("domain", {})
-    if not isinstance(domain_spec, dict):
+    if not isinstance(row.get("graph_safe", False), bool):
+        raise _err(path, f"{where}.graph_safe", f"must be true or false, got {row['graph_safe']!r}")
+    if direct is not None and direct.provider == "native.elf.v1":  # runs on the CPU only
+        if "architectures" in row and set(map(canonical_arch, row["architectures"])) - {"cpu"}:
+            raise _err(path, f"{where}.architectures", "a native.elf.v1 artifact runs on the CPU only; allowed: cpu")
+        row = {**row, "architectures": ["cpu"]}
+    if not isinstance(row.get("domain", {}), dict):
         raise _err(path, f"{where}.domain", "must be a table of {field = {predicate = value}}")
+    meta = _metadata(root, path, where, row["metadata"]) if "metadata" in row else {}
     try:
-        domain = CapabilityDomain.from_mapping(domain_spec)
-    except CapabilityError as exc:
-        raise _err(path, f"{where}.domain", str(exc)) from None
-    extra = {}
-    if dtypes:
-        extra["dtype"] = {"one_of": list(dtypes)}
-    if archs:
-        extra["arch"] = {"one_of": list(archs)}
-    if extra:
-        domain = CapabilityDomain(domain.predicates + CapabilityDomain.from_mapping(extra).predicates)
-    return OpRow(i, slot, row.get("source", ""), row.get("entry", ""), variant, row.get("prepare"), dtypes, archs,
-                 row.get("metadata"), model, domain, graph_safe, direct)
+        eff = effective_domain(row, meta, slot, where, override=base is not None)
+    except DomainError as exc:
+        raise _err(path, exc.key, str(exc)) from None
+    return OpRow(i, slot, row.get("source", ""), row.get("entry", ""), variant, row.get("prepare"), eff.dtypes,
+                 eff.archs, row.get("metadata"), eff.model, eff.domain, eff.graph_safe, direct=direct, base_kernel=base,
+                 override_point=point)
 
 
 def _parse_direct(root: Path, path: Path, where: str, row: dict, slot: str) -> Any:
@@ -179,6 +182,23 @@ def _parse_direct(root: Path, path: Path, where: str, row: dict, slot: str) -> A
         return parse_direct(row, CATALOG[slot].slot, root)
     except DirectError as exc:
         raise _err(path, f"{where}.{exc.key}", exc.problem) from None
+
+
+def _override(path: Path, where: str, row: dict, slot: str) -> tuple[str | None, str | None]:
+    """An override row's (base, point), checked against the built-in bases; (None, None) otherwise."""
+    if "base_kernel" not in row and "override_point" not in row:
+        return None, None
+    for key in ("base_kernel", "override_point"):
+        if not isinstance(row.get(key), str):
+            raise _err(path, f"{where}.{key}", "an override row names both base_kernel and override_point (strings)")
+    base = find_base(row["base_kernel"])
+    if base is None or base.slot != slot:
+        known = ", ".join(f"{b.name} ({b.slot}; alias {', '.join(b.aliases)})" for b in BASES.values())
+        raise _err(path, f"{where}.base_kernel", f"{row['base_kernel']!r} is not a built-in base of {slot}; known: {known}")
+    if row["override_point"] not in base.points:
+        raise _err(path, f"{where}.override_point", f"{row['override_point']!r} is not an override point of "
+                                                    f"{base.name}; known: {', '.join(base.points)}")
+    return base.name, row["override_point"]
 
 
 def load_manifest(bundle: str | Path) -> Manifest:
@@ -194,6 +214,7 @@ def load_manifest(bundle: str | Path) -> Manifest:
         raise ManifestError(f"{path}: not UTF-8 text (byte {exc.start}); save the manifest as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{path}: not valid TOML ({exc})") from None
+    _rejected(path, "", data)
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise _err(path, unknown[0], f"unknown top-level key; allowed: {', '.join(TOP_KEYS)}")

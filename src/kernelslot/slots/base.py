@@ -8,6 +8,7 @@ process only. ``describe`` turns a case into the :class:`CallDescriptor` used fo
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -15,7 +16,7 @@ import torch
 
 from kernelslot.abi import CallDescriptor, CapabilityDomain, Comparator, OutputSpec, Slot
 
-__all__ = ["Profile", "Case", "Kernel", "KernelSource", "Candidate", "SlotDef", "OutputSpec", "randn", "dtype_name"]
+__all__ = ["Profile", "Case", "Kernel", "KernelSource", "Override", "Needs", "Candidate", "SlotDef", "OutputSpec", "randn", "dtype_name"]
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,27 @@ class Case:
 
 
 @dataclass(frozen=True)
+class Override:
+    """An override submission: ``attr`` of the kernel's source, composed into the built-in
+    ``base`` at its named override ``point``, under ``model``'s semantics elsewhere
+    (``kernelslot.kernels.moe_overrides``)."""
+
+    base: str
+    point: str
+    attr: str
+    model: str = "generic"
+
+
+@dataclass(frozen=True)
 class KernelSource:
     """Where a kernel's code lives, so another process can load it by itself.
 
     Either ``file`` (a Python source file, e.g. inside a bundle) or ``module`` (an importable
     module name); ``entry``/``prepare`` are attribute names in it. Or ``sealed``
     (``DIR@INDEX_SHA256``): a sealed direct artifact, launched by the referee's own launcher
-    (kernelslot.bundle.direct); ``entry``/``prepare`` then only say which roles exist.
+    (kernelslot.bundle.direct); ``entry``/``prepare`` then only say which roles exist. With
+    ``override``, the callables are the built-in base composed with ``override.attr`` (``entry``
+    then names the row's entry and ``prepare`` the base's, for messages only).
     """
 
     entry: str
@@ -65,6 +80,7 @@ class KernelSource:
     file: str | None = None
     module: str | None = None
     sealed: str | None = None
+    override: Override | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,42 @@ class Kernel:
         )
 
 
+# Packages whose kernels run only on a CUDA device.
+CUDA_PACKAGES = ("triton", "cutlass", "cuda", "cupy", "tilelang", "flashinfer", "pycuda", "numba")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a candidate needs from the machine: one of ``archs`` (canonical, e.g. ``sm_90``;
+    empty = any device) and every top-level package in ``packages``.
+
+    :meth:`unmet` is the reason the candidate cannot run here (its verdict is then *not run*,
+    never a failure of the candidate), or None.
+    """
+
+    archs: tuple[str, ...] = ()
+    packages: tuple[str, ...] = ()
+
+    def unmet(self, arch: str) -> str | None:
+        cuda = [p for p in self.packages if p in CUDA_PACKAGES]
+        if arch == "cpu" and ((self.archs and "cpu" not in self.archs) or cuda):
+            why = f"architectures {', '.join(self.archs)}" if self.archs and "cpu" not in self.archs else f"imports {cuda[0]}"
+            return f"needs CUDA ({why}); no CUDA device here"
+        if self.archs and arch not in self.archs:
+            return f"needs architecture {' or '.join(self.archs)}; this device is {arch}"
+        missing = [p for p in self.packages if not _importable(p)]
+        if missing:
+            return f"needs the {missing[0]} package; it is not installed here"
+        return None
+
+
+def _importable(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A kernel as admitted for one slot: its declared capability domain and graph safety."""
@@ -101,7 +153,8 @@ class Candidate:
     domain: CapabilityDomain = CapabilityDomain()
     graph_safe: bool = False
     label: str = ""
-    model: str | None = None  # the model profile the candidate targets (bundle metadata)
+    model: str | None = None  # the model profile the candidate is bound to (bundle metadata; generic if none)
+    needs: Needs = Needs()  # what the machine must provide for it to run at all
 
     @property
     def name(self) -> str:

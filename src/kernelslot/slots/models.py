@@ -53,6 +53,30 @@ MODELS: dict[str, ModelProfile] = {
 }
 
 
+# Spellings of a model that bundles use, beyond the profile names themselves (case-insensitive).
+# ``<model>-<FORMAT>`` (e.g. ``MiniMax-M3-NVFP4``) names the model with its expert weights in
+# FORMAT; ``__none__`` is the arena's spelling of "no model" (the generic profile).
+MODEL_ALIASES = {"__none__": "generic", "none": "generic"}
+WEIGHT_FORMATS = ("nvfp4", "mxfp4", "mxfp8", "fp8")
+
+
+def resolve_model(name: str) -> tuple[str, str | None] | None:
+    """``(profile name, weight format or None)`` for a model spelling, or None if unknown.
+
+    ``MiniMax-M3`` -> ``("MiniMax-M3", None)``; ``MiniMax-M3-NVFP4`` -> ``("MiniMax-M3", "nvfp4")``.
+    """
+    if not isinstance(name, str):
+        return None
+    by_lower = {m.lower(): m for m in MODELS}
+    token = MODEL_ALIASES.get(name.strip().lower(), name.strip()).lower()
+    if token in by_lower:
+        return by_lower[token], None
+    base, _, fmt = token.rpartition("-")
+    if base in by_lower and fmt in WEIGHT_FORMATS:
+        return by_lower[base], fmt
+    return None
+
+
 def model_profile(name: str) -> ModelProfile:
     try:
         return MODELS[name]

@@ -121,8 +121,7 @@ def _describe(case: Case) -> CallDescriptor:
 def _profiles() -> tuple[Profile, ...]:
     out = []
     for name, (m, e, k, h, i, drop, wr, xs, model, quant) in _PROFILES.items():
-        dtypes = (torch.float32, torch.bfloat16) if quant == "nvfp4" else (torch.float32, torch.bfloat16, torch.float16)
-        for dt in dtypes:
+        for dt in (torch.float32, torch.bfloat16, torch.float16):
             out.append(Profile(
                 name, {"M": m, "E": e, "K": k, "H": h, "I": i, "drop": drop, "wrange": wr, "xscale": xs,
                        "model": model, "quant": quant},

@@ -46,6 +46,7 @@ class VerifyOptions:
 
 
 def device_arch(device: str) -> str:
+    """The canonical architecture of ``device`` (``cpu``, ``sm_90``, ...; see abi.canonical_arch)."""
     dev = torch.device(device)
     if dev.type == "cuda":
         major, minor = torch.cuda.get_device_capability(dev)
@@ -54,10 +55,12 @@ def device_arch(device: str) -> str:
 
 
 def select_profiles(defn: SlotDef, opts: VerifyOptions, model: str | None) -> list[Profile]:
+    """The slot's profiles for ``model``: its own, else the generic ones run with ``model``'s
+    semantics (a slot without model-specific profiles judges every model alike)."""
     profiles = list(defn.profiles)
     if model is not None:
         own = [p for p in profiles if p.model == model]
-        profiles = own or [p for p in profiles if p.model == "generic"]
+        profiles = own or [dataclasses.replace(p, model=model) for p in profiles if p.model == "generic"]
     if opts.dtypes is not None:
         profiles = [p for p in profiles if p.dtype in opts.dtypes]
     if opts.profiles is not None:
@@ -117,7 +120,9 @@ def clone_case(case: Case) -> Case:
 
 def describe(defn: SlotDef, case: Case, profile: Profile, device: str) -> CallDescriptor:
     desc = defn.describe(case)
-    return dataclasses.replace(desc, arch=device_arch(device), dtype=dtype_name(profile.dtype), model=profile.model)
+    first = next((case.inputs[a.name] for a in defn.slot.args if isinstance(case.inputs.get(a.name), torch.Tensor)), None)
+    return dataclasses.replace(desc, arch=device_arch(device), dtype=dtype_name(profile.dtype), model=profile.model,
+                               last_dim=first.shape[-1] if first is not None and first.dim() else None)
 
 
 REFILL_SCHEDULE = ("full", "tail", "head")  # replay r uses REFILL_SCHEDULE[(r - 1) % 3]

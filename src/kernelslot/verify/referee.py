@@ -24,10 +24,17 @@ def verify_slot(defn: SlotDef, candidates: Candidate | Sequence[Candidate], opts
     """Verify one slot's candidate variants (see :func:`kernelslot.verify.pipeline.verify_slot`).
 
     Collective slots run in rank processes of their own, isolated whatever ``runner`` is (it
-    applies to single-device slots only).
+    applies to single-device slots only). Variants this machine cannot run (``Candidate.needs``)
+    are left out; when none can run, the report's status is ``not run`` with the reason.
     """
+    cands = [candidates] if isinstance(candidates, Candidate) else list(candidates)
+    unmet = [c.needs.unmet(pipeline.device_arch(opts.device)) for c in cands]
+    if all(unmet):  # this machine cannot run any variant: not run, never a failure of the candidate
+        return SlotReport(defn.name, ", ".join(c.name for c in cands), runner.name if runner else "-", opts.device,
+                          not_run="; ".join(dict.fromkeys(u for u in unmet if u)))
+    cands = [c for c, u in zip(cands, unmet) if not u]
     if defn.slot.kind is SlotKind.COLLECTIVE:
         from kernelslot.verify.collective import verify_collective  # spawns rank processes: imported when needed
 
-        return verify_collective(defn, candidates, opts, progress)
-    return pipeline.verify_slot(defn, candidates, opts, runner, progress)
+        return verify_collective(defn, cands, opts, progress)
+    return pipeline.verify_slot(defn, cands, opts, runner, progress)

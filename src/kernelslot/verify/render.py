@@ -38,6 +38,8 @@ def _metric(result: ProfileResult) -> str:
 
 def render_slot(report: SlotReport, comparator: str) -> str:
     lines = [f"{report.slot}  [{report.kernel}; {report.runner}; {report.device}]  comparator: {comparator}"]
+    if report.not_run:
+        return "\n".join(lines + [f"  => NOT RUN: {report.not_run} (not a failure of the candidate)"])
     header = ["profile", "dtype", "model", "seed", "status"] + [c for c, _ in COLUMNS] + ["metrics"]
     rows = []
     for r in report.results:

@@ -22,6 +22,7 @@ CHECKS = (
 )
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
+NOT_RUN = "not run"  # this machine cannot run the candidate (no CUDA, a missing package): no verdict on it
 
 
 @dataclass
@@ -79,11 +80,17 @@ class SlotReport:
     device: str
     results: list[ProfileResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # failures that stopped the slot (e.g. load errors)
+    not_run: str = ""  # why no candidate could run on this machine (Needs.unmet); then nothing ran
 
     @property
     def passed(self) -> bool:
         ran = [r for r in self.results if not r.skipped_reason]
-        return not self.errors and bool(ran) and all(r.passed for r in ran)
+        return not self.not_run and not self.errors and bool(ran) and all(r.passed for r in ran)
+
+    @property
+    def status(self) -> str:
+        """pass, fail or not run (never a failure of the candidate)."""
+        return NOT_RUN if self.not_run else PASS if self.passed else FAIL
 
     def failed_checks(self) -> set[str]:
         return {c.name for r in self.results for c in r.failures()}
@@ -91,6 +98,7 @@ class SlotReport:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["passed"] = self.passed
+        d["status"] = self.status
         for r, rd in zip(self.results, d["results"]):
             rd["status"] = r.status
         return d
