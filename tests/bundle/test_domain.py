@@ -154,3 +154,27 @@ def test_several_rows_exit_with_the_worst_real_verdict(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 1  # the cpu silu variant runs and fails; the rmsnorm row is not run, and listed
     assert "FAIL: 0/1 slots passed" in out and "not run: norm.rmsnorm (needs CUDA" in out
+
+
+@pytest.mark.parametrize("slot, params, fragment", [
+    ("attention.decode", "q, k, v, seq_lens, sm_scale, out", "the dense decode entry(q, k, v, seq_lens, sm_scale, out)"),
+    ("attention.msa_prefill_block_score", "q, index_k, prefix_len, scale, block_size, out",
+     "the 6-argument score sheet entry(q, index_k, prefix_len, scale, block_size, out)"),
+])
+def test_earlier_arena_signatures_are_named(tmp_path, slot, params, fragment):
+    (tmp_path / "manifest.toml").write_text(HEAD + f'[[ops]]\nslot = "{slot}"\nsource = "k.py"\nentry = "entry"\n')
+    (tmp_path / "k.py").write_text(f"def entry({params}):\n    pass\n")
+    with pytest.raises(ManifestError) as exc:
+        load_bundle(tmp_path)
+    msg = str(exc.value)
+    assert f"earlier {slot} signature, {fragment}; the current signature is {get_slot(slot).slot.signature()}" in msg
+
+
+def test_dispatch_routes_only_inside_the_effective_domain(tmp_path):
+    from kernelslot.dispatch import INCUMBENT, SlotRouter
+
+    (c,) = load_bundle(bundle(tmp_path, 'dtypes = ["bf16"]\n')).candidates()["activation.silu_and_mul"]
+    router = SlotRouter(get_slot("activation.silu_and_mul"), [c])
+    assert router.route(desc()) == c.name
+    assert router.route(desc(model="MiniMax-M3")) == INCUMBENT  # unbound: generic semantics only
+    assert router.route(desc(dtype="float32")) == INCUMBENT
