@@ -178,3 +178,12 @@ def test_dispatch_routes_only_inside_the_effective_domain(tmp_path):
     assert router.route(desc()) == c.name
     assert router.route(desc(model="MiniMax-M3")) == INCUMBENT  # unbound: generic semantics only
     assert router.route(desc(dtype="float32")) == INCUMBENT
+
+
+def test_the_model_named_in_the_domain_binds_the_row(tmp_path):
+    r = row(tmp_path, '[ops.domain]\nmodel = { exact = "MiniMax-M3" }\n')
+    assert r.model == "MiniMax-M3" and r.domain.matches(desc(model="MiniMax-M3"))
+    with pytest.raises(ManifestError, match="bound to one model"):
+        row(tmp_path, '[ops.domain]\nmodel = { one_of = ["MiniMax-M3", "gpt-oss"] }\n')
+    with pytest.raises(ManifestError, match="contradict"):
+        row(tmp_path, '[ops.domain]\nmodel = { exact = "gpt-oss" }\n', {"model": "MiniMax-M3"})

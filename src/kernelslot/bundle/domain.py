@@ -11,8 +11,8 @@ A row's **effective domain** is the conjunction of
   dimension of the slot's first tensor input), ``min_num_tokens`` / ``max_num_tokens``,
   ``quant`` (expert-weight / tensor format);
 - the **model** it is bound to: metadata ``model`` (or ``model_profile``; aliases such as
-  ``MiniMax-M3-NVFP4`` resolve to the profile ``MiniMax-M3`` and add ``quant == nvfp4``), and
-  ``generic`` when it names none. The domain requires ``model == <bound model>``: a row is
+  ``MiniMax-M3-NVFP4`` resolve to the profile ``MiniMax-M3`` and add ``quant == nvfp4``), else
+  the one model its ``[ops.domain]`` names, else ``generic``. The domain requires ``model == <bound model>``: a row is
   neither verified nor routed on another model's semantics.
 
 ``graph_safe`` is the manifest's or the metadata's (both given and different: an error).
@@ -55,8 +55,6 @@ class EffectiveDomain:
     archs: tuple[str, ...]  # () = unrestricted
     graph_safe: bool
 
-    def describe(self) -> str:
-        return self.domain.describe()
 
 
 def _names(value: Any, key: str) -> tuple[str, ...]:
@@ -93,8 +91,8 @@ def _conjoin(manifest: tuple[str, ...], meta: tuple[str, ...], what: str, mkey: 
     return both
 
 
-def bind_model(meta: Mapping[str, Any], where: str) -> tuple[str, str | None]:
-    """The model a row's metadata binds it to (``generic`` if none) and the weight format its name implies."""
+def bind_model(meta: Mapping[str, Any], where: str) -> tuple[str | None, str | None]:
+    """The model a row's metadata names (None if none) and the weight format its name implies."""
     named = {k: meta[k] for k in ("model", "model_profile") if meta.get(k) is not None}
     resolved = {}
     for key, name in named.items():
@@ -108,7 +106,7 @@ def bind_model(meta: Mapping[str, Any], where: str) -> tuple[str, str | None]:
         raise DomainError(f"{where}.model_profile", f"metadata model {named['model']!r} and model_profile "
                                                     f"{named['model_profile']!r} name different models")
     fmts = {r[1] for r in resolved.values() if r[1]}
-    return (models.pop() if models else "generic"), (fmts.pop() if len(fmts) == 1 else None)
+    return (models.pop() if models else None), (fmts.pop() if len(fmts) == 1 else None)
 
 
 def _capability(field: str, raw: Any, where: str) -> Predicate:
@@ -175,12 +173,17 @@ def effective_domain(row: Mapping[str, Any], meta: Mapping[str, Any], slot: str,
                                                      f"graph_safe = {str(meta['graph_safe']).lower()}")
         graph_safe = meta["graph_safe"]
     model, fmt = bind_model(meta, mwhere)
-
     try:
-        preds = list(CapabilityDomain.from_mapping(row.get("domain", {})).predicates)
+        declared = CapabilityDomain.from_mapping(row.get("domain", {}))
     except CapabilityError as exc:
         raise DomainError(f"{where}.domain", str(exc)) from None
-    preds.append(Predicate("model", "exact", model))
+    if model is None:  # no model in metadata: the one [ops.domain] names, else generic
+        named = _allowed(declared, "model")
+        if len(named) > 1:
+            raise DomainError(f"{where}.domain", f"a row is bound to one model, and its domain admits {list(named)}; "
+                                                 f"make one variant per model or name the model in its metadata")
+        model = named[0] if named else "generic"
+    preds = list(declared.predicates) + [Predicate("model", "exact", model)]
     if dtypes:
         preds.append(Predicate("dtype", "one_of", dtypes))
     if archs and not override:

@@ -337,8 +337,8 @@ def verify_slot(
     cands = [candidates] if isinstance(candidates, Candidate) else list(candidates)
     runner = runner or InProcessRunner()
     report = SlotReport(defn.name, ", ".join(c.name for c in cands), runner.name, opts.device)
-    model = opts.model or next((c.model for c in cands if c.model), None)
-    for profile in select_profiles(defn, opts, model):
+    models = [opts.model] if opts.model else sorted({c.model for c in cands if c.model}) or [None]
+    for profile in [p for m in models for p in select_profiles(defn, opts, m)]:  # each variant's bound model
         for seed in opts.seeds:
             result = _run_routed(defn, cands, profile, seed, runner, opts)
             report.results.append(result)
