@@ -92,9 +92,10 @@ def kernelslot_attention_forward(module: torch.nn.Module, query: torch.Tensor, k
     b, hq, t, d = query.shape
     scale = scaling if scaling is not None else d ** -0.5
     out = torch.empty(b, t, hq, d, dtype=query.dtype, device=query.device)
-    desc = CallDescriptor(phase=state.context.phase, dtype=dtype_name(query.dtype), num_tokens=t, batch_size=1,
-                          kv_len=key.shape[2], num_q_heads=hq, num_kv_heads=key.shape[1], head_dim=d, layout="thd",
-                          quant="dense", arch=query.device.type)
+    # sdpa's semantics do not depend on the model: its calls are the generic profile's
+    desc = CallDescriptor(model="generic", phase=state.context.phase, dtype=dtype_name(query.dtype), num_tokens=t,
+                          batch_size=1, kv_len=key.shape[2], num_q_heads=hq, num_kv_heads=key.shape[1], head_dim=d,
+                          layout="thd", quant="dense", arch=query.device.type, last_dim=d)
     name = state.router.route(desc)
     for i in range(b):
         state.count(BUILTIN if name == "incumbent" else name, decode)

@@ -184,7 +184,8 @@ class ExpertsState:
         return CallDescriptor(model=self.profile, phase=self.context.phase, dtype=dtype_name(hidden.dtype),
                               num_tokens=hidden.shape[0], batch_size=self.context.batch_size, top_k=top_k,
                               hidden_size=h, intermediate_size=self.intermediate_size,
-                              num_experts=self.num_experts, quant="dense", arch=hidden.device.type)
+                              num_experts=self.num_experts, quant="dense", arch=hidden.device.type,
+                              last_dim=h)
 
     def _count(self, variant: str, **delta: int) -> None:
         with self._lock:
