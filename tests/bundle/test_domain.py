@@ -150,10 +150,12 @@ def test_several_rows_exit_with_the_worst_real_verdict(tmp_path, capsys):
             + '[[ops]]\nslot = "norm.rmsnorm"\nsource = "k.py"\nentry = "norm"\narchitectures = ["sm_90"]\n')
     (tmp_path / "manifest.toml").write_text(body)
     (tmp_path / "k.py").write_text(SOURCE + "def norm(x, weight, out, eps):\n    out.copy_(x)\n")
-    rc = main(["verify", str(tmp_path), "--quiet", "--dtype", "float32"])
+    page = tmp_path / "report.html"
+    rc = main(["verify", str(tmp_path), "--quiet", "--dtype", "float32", "--html", str(page)])
     out = capsys.readouterr().out
     assert rc == 1  # the cpu silu variant runs and fails; the rmsnorm row is not run, and listed
     assert "FAIL: 0/1 slots passed" in out and "not run: norm.rmsnorm (needs CUDA" in out
+    assert "NOT RUN" in page.read_text() and "(not run: needs CUDA" in page.read_text()
 
 
 @pytest.mark.parametrize("slot, params, fragment", [

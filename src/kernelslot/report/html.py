@@ -93,11 +93,12 @@ def _matrix(p: dict[str, Any]) -> list[str]:
     head = ["profile", "model", "dtype", "seed", "verdict"] + columns + ["metrics / reason"]  # grouped by slot
     out = ['<table id="matrix"><thead><tr>' + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr></thead><tbody>"]
     for slot in p.get("slots", []):
-        verdict = "pass" if slot.get("passed") else "fail"
+        verdict = slot.get("status") or ("pass" if slot.get("passed") else "fail")  # pass, fail or not run
+        why = f" (not run: {slot['not_run']})" if slot.get("not_run") else ""
         out.append(f'<tr class="slotrow"><th colspan="{len(head)}">{escape(slot["slot"])} '
                    f'<span class="{_state(verdict)}">&nbsp;{verdict.upper()}&nbsp;</span> '
                    f'<span class="note">{escape(slot.get("kernel", ""))}; comparator: {escape(slot.get("comparator", ""))}'
-                   "</span></th></tr>")
+                   f"{escape(why)}</span></th></tr>")
         for r in slot.get("results", []):
             st = r.get("status", "skip")
             cols = r.get("columns", {})
