@@ -1,8 +1,9 @@
 """Isolation cheat: correct result, then a background thread overwrites the output later.
 
 The referee checks the output right after ``entry`` returns, before the thread fires, so an
-in-process run sees a correct answer. Under the worker runner the worker notices a thread the
-call started that is still running when it returns (``thread_left_running``).
+in-process run sees a correct answer. Under the worker runner the referee re-reads every
+argument after a settle window and sees the write (``late_write``). (A sleeping thread is not a
+failure by itself: an idle thread pool is legitimate.)
 """
 import threading
 import time
@@ -10,7 +11,7 @@ import time
 import torch
 
 SLOT = "activation.silu_and_mul"
-EXPECT = ("raised", "thread_left_running")
+EXPECT = ("raised", "late_write")
 
 
 def entry(x, out):

@@ -1,7 +1,8 @@
 """Isolation cheat: "precomputes a lookup table" that grows until memory runs out.
 
-Under the worker runner the worker's address-space cap makes the allocation fail inside the
-worker; the referee reports ``out_of_memory`` and replaces the worker. The machine is untouched.
+It touches every page it allocates, so its resident memory grows. Under the worker runner the
+referee reads the worker's resident memory while the call runs and kills it past the limit
+(``--memory-limit``); it reports ``out_of_memory`` and replaces the worker. The machine is untouched.
 """
 import torch
 
@@ -12,4 +13,4 @@ _table = []
 
 def entry(x, out):
     while True:
-        _table.append(torch.empty(256 << 20, dtype=torch.uint8))
+        _table.append(torch.ones(256 << 20, dtype=torch.uint8))

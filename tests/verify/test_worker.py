@@ -32,7 +32,7 @@ def _cheat(name: str) -> tuple[object, Candidate]:
 
 @pytest.fixture(scope="module")
 def runner():
-    r = WorkerRunner(call_timeout_s=3.0, prepare_timeout_s=10.0, memory_limit_gib=1.0, settle_s=0.25)
+    r = WorkerRunner(call_timeout_s=3.0, prepare_timeout_s=10.0, memory_limit_gib=0.5, settle_s=0.25)
     yield r
     r.close()
 

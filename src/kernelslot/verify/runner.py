@@ -86,6 +86,10 @@ class Runner(ABC):
         """
         return obj
 
+    def unavailable(self, kernel: Kernel) -> str | None:
+        """Why ``kernel`` will not be run any more (e.g. it failed to load once), else None."""
+        return None
+
     def incumbent_runner(self) -> "Runner":
         """Where the incumbent is timed next to a candidate, under the same call path."""
         return InProcessRunner()

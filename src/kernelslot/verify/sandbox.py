@@ -68,8 +68,9 @@ class Sandbox:
         return what + (f" ({self.note})" if self.note else "")
 
     def command(self, argv: Sequence[str], *, scratch_dir: str, allow_loopback: bool = False,
-                seccomp_fd: int | None = None) -> list[str]:
-        """``argv`` wrapped in this sandbox's launcher (``seccomp_fd``: bwrap reads the filter from it)."""
+                seccomp_fd: int | None = None, visible: Sequence[str] = ()) -> list[str]:
+        """``argv`` wrapped in this sandbox's launcher (``seccomp_fd``: bwrap reads the filter from it;
+        ``visible``: paths under ``/tmp`` to show read-only at their own place, e.g. a bundle there)."""
         net = [] if allow_loopback else None
         if self.mode == "bwrap":
             cmd = [self.tool, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm",
@@ -77,6 +78,8 @@ class Sandbox:
                    "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                    *(["--unshare-net"] if net is None else []),
                    "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "localhost"]
+            for path in visible:
+                cmd += ["--ro-bind", path, path]
             for dev in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri")):
                 cmd += ["--dev-bind", dev, dev]  # the GPU stays usable (it is not isolated: see the threat model)
             if seccomp_fd is not None:
@@ -88,15 +91,18 @@ class Sandbox:
         return list(argv)
 
     def popen(self, argv: Sequence[str], *, scratch_dir: str, allow_loopback: bool = False, pass_fds: Sequence[int] = (),
-              env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
-        """Start ``argv`` in the sandbox (cwd: the scratch directory; ``env`` defaults to :func:`neutral_env`)."""
+              env: dict[str, str] | None = None, visible: Sequence[str] = (), **kwargs) -> subprocess.Popen:
+        """Start ``argv`` in the sandbox (cwd: the scratch directory; ``env`` defaults to :func:`neutral_env`).
+
+        In ``unshare`` mode the child must pass the same ``visible`` to :func:`confine`."""
         seccomp_fd = None
         if self.mode == "bwrap" and (prog := seccomp.program()) is not None:
             seccomp_fd = os.memfd_create("filter", 0)  # a fresh description per launch: bwrap reads it to EOF
             os.write(seccomp_fd, prog)
             os.lseek(seccomp_fd, 0, os.SEEK_SET)
         try:
-            cmd = self.command(argv, scratch_dir=scratch_dir, allow_loopback=allow_loopback, seccomp_fd=seccomp_fd)
+            cmd = self.command(argv, scratch_dir=scratch_dir, allow_loopback=allow_loopback, seccomp_fd=seccomp_fd,
+                               visible=visible)
             fds = (*pass_fds, *([seccomp_fd] if seccomp_fd is not None else []))
             return subprocess.Popen(cmd, pass_fds=fds, cwd=scratch_dir, env=env if env is not None else neutral_env(self, scratch_dir),
                                     **kwargs)
@@ -200,11 +206,20 @@ def _unescape(path: str) -> str:
     return path.encode().decode("unicode_escape") if "\\" in path else path
 
 
-def _lock_filesystem(scratch_dir: str) -> None:
-    """unshare mode: scratch on /tmp, a private /dev/shm, every other mount read-only."""
+def _lock_filesystem(scratch_dir: str, visible: Sequence[str]) -> None:
+    """unshare mode: scratch on /tmp (``visible`` paths shown again), a private /dev/shm, every other mount read-only."""
     libc = ctypes.CDLL(None, use_errno=True)
     _mount(libc, "tmpfs", "/dev/shm", "tmpfs", _MS_NOSUID | _MS_NODEV)
+    held = [(path, os.open(path, os.O_PATH)) for path in visible]  # reachable after /tmp is covered
     _mount(libc, scratch_dir, SCRATCH, None, _MS_BIND | _MS_REC)
+    for path, fd in held:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "a").close()
+        _mount(libc, f"/proc/self/fd/{fd}", path, None, _MS_BIND | _MS_REC)
+        os.close(fd)
     with open("/proc/self/mountinfo") as f:
         mounts = [(_unescape(line.split()[4]), line.split()[5].split(",")) for line in f]
     for target, opts in mounts:
@@ -219,9 +234,9 @@ def _lock_filesystem(scratch_dir: str) -> None:
     os.chdir(SCRATCH)
 
 
-def confine(mode: str, scratch_dir: str) -> None:
+def confine(mode: str, scratch_dir: str, visible: Sequence[str] = ()) -> None:
     """Called first thing in a sandboxed process, before candidate code: finish what its launcher could not."""
     if mode == "unshare":
-        _lock_filesystem(scratch_dir)
+        _lock_filesystem(scratch_dir, visible)
     if mode != "bwrap":  # bubblewrap loaded the filter before exec
         seccomp.install()

@@ -30,7 +30,6 @@ start_failed, protocol``.
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import io
 import json
@@ -39,12 +38,9 @@ import pickle
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 import weakref
-from multiprocessing.connection import Connection
 from typing import Any, Sequence
 
 import torch
@@ -53,13 +49,16 @@ from torch.multiprocessing.reductions import StorageWeakRef, reduce_tensor
 from kernelslot.slots.base import Kernel, KernelSource
 from kernelslot.verify.checks import bits_equal
 from kernelslot.verify.runner import CallObservation, InProcessRunner, Runner, RunnerError, TensorMeta, judge_direct_evidence
+from kernelslot.verify.sandbox import Sandbox, current as current_sandbox
+from kernelslot.verify.worker_process import Contained, Limits, Watch, WorkerProcess, Zygote
 
 __all__ = ["WorkerRunner", "PreparedHandle", "make_runner", "RESTART_CAUSES"]
 
 _clock = time.perf_counter  # bound at import: candidate code never runs in this process anyway
 MAX_REPLY_BYTES = 8 << 20
 # Causes after which the worker is not trusted any more and is replaced.
-RESTART_CAUSES = frozenset({"timeout", "crash", "exit", "out_of_memory", "thread_left_running", "late_write", "protocol"})
+RESTART_CAUSES = frozenset({"timeout", "crash", "exit", "out_of_memory", "thread_left_running", "late_write", "protocol",
+                            "process_left_running", "process_limit"})
 
 
 class PreparedHandle:
@@ -72,126 +71,17 @@ class PreparedHandle:
         return f"PreparedHandle({self.kernel}, key={self.key}, worker={self.generation})"
 
 
-class _Contained(Exception):
-    def __init__(self, cause: str, message: str, elapsed_s: float = 0.0):
-        super().__init__(message)
-        self.cause, self.message, self.elapsed_s = cause, message, elapsed_s
-
-
 @dataclasses.dataclass
 class _Shared:
     ref: StorageWeakRef
     base_ptr: int
     entry: tuple  # registration message for a worker
-
-
-class _Zygote:
-    """The clean interpreter that forks workers (``python -m kernelslot.verify.worker_main``); one per referee."""
-
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.process = subprocess.Popen([sys.executable, "-m", "kernelslot.verify.worker_main", str(theirs.fileno())],
-                                        pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
-        theirs.close()
-        self.sock = ours
-
-    def request(self, req: dict, timeout: float, fds: Sequence[int] = ()) -> dict:
-        socket.send_fds(self.sock, [json.dumps(req).encode()], list(fds))
-        self.sock.settimeout(timeout)
-        try:
-            data = self.sock.recv(1 << 16)
-        except (socket.timeout, OSError) as exc:
-            raise RunnerError(f"the worker zygote did not answer {req['op']} within {timeout:g}s ({exc})") from None
-        if not data:
-            raise RunnerError(f"the worker zygote exited (code {self.process.poll()})")
-        return json.loads(data)
-
-    def close(self) -> None:
-        self.sock.close()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    @classmethod
-    def shared(cls, start_timeout_s: float) -> "_Zygote":
-        global _ZYGOTE
-        if _ZYGOTE is None or _ZYGOTE.process.poll() is not None:
-            z = cls()
-            z.sock.settimeout(start_timeout_s)
-            try:
-                ready = z.sock.recv(1 << 16)
-            except (socket.timeout, OSError):
-                ready = b""
-            if not ready:
-                z.process.kill()
-                raise RunnerError(f"the worker zygote did not start within {start_timeout_s:g}s (exit code {z.process.wait()}; "
-                                  "its stderr is the referee's)")
-            _ZYGOTE = z
-            atexit.register(z.close)
-        return _ZYGOTE
-
-
-_ZYGOTE: _Zygote | None = None
-
-
-class _Proc:
-    """One worker process (forked by the zygote) and its socket."""
-
-    def __init__(self, generation: int, memory_bytes: int, log_dir: str, start_timeout_s: float):
-        self.generation = generation
-        self.source: str | None = None  # the kernel file/module this worker is bound to
-        self.registered: set[int] = set()
-        self.prepared: set[int] = set()
-        self.log_path = os.path.join(log_dir, f"worker-{generation}.log")
-        self.exitcode: int | None = None
-        self.zygote = _Zygote.shared(start_timeout_s)
-        parent, child = socket.socketpair()
-        try:
-            self.pid = int(self.zygote.request({"op": "fork", "cap": memory_bytes, "log": self.log_path}, start_timeout_s,
-                                               [child.fileno()])["pid"])
-        finally:
-            child.close()
-        self.conn = Connection(parent.detach())
-
-    def log_tail(self, lines: int = 12) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                text = f.read()[-8192:].decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
-
-    def kill(self) -> None:
-        if self.exitcode is None:
-            try:
-                os.killpg(self.pid, signal.SIGKILL)  # its own session: the candidate's children too
-            except (ProcessLookupError, PermissionError):
-                os.kill(self.pid, signal.SIGKILL)  # not yet in its own session
-            try:
-                self.exitcode = self.zygote.request({"op": "wait", "pid": self.pid, "timeout": 10.0}, 20.0)["code"]
-            except RunnerError:
-                pass
-        self.conn.close()
-
-    def exit_reason(self) -> tuple[str, str]:
-        if self.exitcode is None:
-            self.exitcode = self.zygote.request({"op": "wait", "pid": self.pid, "timeout": 5.0}, 15.0)["code"]
-        rc = self.exitcode
-        if rc is None:
-            self.kill()
-            return "protocol", "the worker closed its socket but did not exit; it was killed"
-        if rc < 0:
-            name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else f"signal {-rc}"
-            if -rc == signal.SIGKILL:
-                return "crash", f"the worker was killed by {name} (out of memory? the kernel's OOM killer sends SIGKILL)"
-            return "crash", f"the worker was killed by signal {name}"
-        return "exit", f"the worker exited with code {rc} in the middle of the call (os._exit/sys.exit in candidate code?)"
+    fd: int | None = None  # CPU storages: the descriptor sent with the registration
+    nbytes: int = 0
 
 
 class _ArgPickler(pickle.Pickler):
-    def __init__(self, buf: io.BytesIO, runner: "WorkerRunner", proc: _Proc, register: list):
+    def __init__(self, buf: io.BytesIO, runner: "WorkerRunner", proc: WorkerProcess, register: list):
         super().__init__(buf, protocol=pickle.HIGHEST_PROTOCOL)
         self.runner, self.proc, self.register = runner, proc, register
 
@@ -201,13 +91,13 @@ class _ArgPickler(pickle.Pickler):
             return ("t", key, obj.storage_offset(), tuple(obj.shape), tuple(obj.stride()), str(obj.dtype).removeprefix("torch."))
         if isinstance(obj, PreparedHandle):
             if obj.generation != self.proc.generation or obj.key not in self.proc.prepared:
-                raise _Contained("load_failed", f"{obj!r} belongs to a worker that was replaced; prepare() again")
+                raise Contained("load_failed", f"{obj!r} belongs to a worker that was replaced; prepare() again")
             return ("p", obj.key)
         return None
 
 
 class WorkerRunner(Runner):
-    """Runs candidates in a worker process with shared-memory tensors, deadlines and crash containment."""
+    """Runs candidates in sandboxed worker processes with shared-memory tensors, deadlines and containment."""
 
     name = "worker"
 
@@ -220,24 +110,36 @@ class WorkerRunner(Runner):
         settle_s: float = 0.02,
         start_timeout_s: float = 120.0,
         keep_spare: bool = True,
+        sandbox: Sandbox | str | None = None,
+        max_processes: int = 64,
     ):
         if call_timeout_s <= 0 or prepare_timeout_s <= 0:
             raise ValueError(f"WorkerRunner: timeouts must be positive (call {call_timeout_s}, prepare {prepare_timeout_s})")
         self.call_timeout_s, self.prepare_timeout_s, self.start_timeout_s = call_timeout_s, prepare_timeout_s, start_timeout_s
         self.memory_bytes = int(memory_limit_gib * (1 << 30)) if memory_limit_gib else 0
+        self.limits = Limits(memory_bytes=self.memory_bytes, max_processes=max_processes,
+                             cpu_s=int(max(3600, 20 * prepare_timeout_s)))
         self.settle_s, self.keep_spare = settle_s, keep_spare
+        self.sandbox = sandbox if isinstance(sandbox, Sandbox) else current_sandbox(sandbox)
         self._log_dir = tempfile.mkdtemp(prefix="kernelslot-worker-")
+        self._scratch = tempfile.mkdtemp()  # the sandbox's /tmp: a neutral name
+        self._watch = Watch(self.limits)
         self._generation = 0
         self._next_key = 0
-        self._proc: _Proc | None = None
-        self._spare: _Proc | None = None
+        self._zygote: Zygote | None = None
+        self._proc: WorkerProcess | None = None
+        self._spare: WorkerProcess | None = None
         self._shared: dict[int, _Shared] = {}  # key -> storage
         self._key_of: dict[int, int] = {}  # StorageImpl address -> key
         self._dead_prepared: list[int] = []
         self._incumbent: WorkerRunner | None = None
+        self._visible: set[str] = set()  # bundle paths under the sandbox's private /tmp, shown read-only
+        self._unavailable: dict[KernelSource, str] = {}  # sources that failed to load or timed out: why
         self.restarts = 0  # workers replaced after a contained failure
-        self._live: list[_Proc] = []
-        self._finalizer = weakref.finalize(self, WorkerRunner._cleanup, self._live, self._log_dir)
+        self._live: list[WorkerProcess] = []
+        self._zygotes: list[Zygote] = []
+        self._finalizer = weakref.finalize(self, WorkerRunner._cleanup, self._live, self._zygotes,
+                                           (self._log_dir, self._scratch))
 
     # -- public API ------------------------------------------------------------------------------
     def share(self, obj: Any) -> Any:
@@ -246,6 +148,13 @@ class WorkerRunner(Runner):
             if not t.is_cuda and t.untyped_storage().nbytes():
                 self._share_cpu(t.untyped_storage())
         return obj
+
+    def unavailable(self, kernel: Kernel) -> str | None:
+        """Why ``kernel`` is not run any more (it failed to load, or a call timed out), else None."""
+        try:
+            return self._unavailable.get(kernel.origin())
+        except ValueError:
+            return None
 
     def prepare(self, kernel: Kernel, prepare_args: Sequence[Any]) -> PreparedHandle:
         try:
@@ -256,7 +165,7 @@ class WorkerRunner(Runner):
             self._next_key += 1
             key = self._next_key
             reply, _ = self._request(proc, "prepare", source, tuple(prepare_args), self.prepare_timeout_s, handle=key)
-        except _Contained as c:
+        except Contained as c:
             raise RunnerError(f"prepare() failed: {c.message}\n[{c.cause}]") from None
         except (ValueError, RunnerError) as exc:
             raise RunnerError(f"prepare() could not start: {exc}") from None
@@ -272,33 +181,35 @@ class WorkerRunner(Runner):
     def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True) -> CallObservation:
         """Call ``entry`` in the worker. ``check_retention`` also enables the settle re-read."""
         obs = CallObservation()
+        proc = None
         try:
             source = kernel.origin()
             proc = self._worker_for(source)
             reply, obs.elapsed_s = self._request(proc, "call", source, list(args), self.call_timeout_s, check=check_retention)
             self._observe(reply, args, obs)
             judge_direct_evidence(kernel, obs)
-        except _Contained as c:
+        except Contained as c:
             obs.error, obs.cause, obs.elapsed_s = f"{c.message}\n[{c.cause}] {c.message.splitlines()[0]}", c.cause, c.elapsed_s
         except ValueError as exc:
             obs.error, obs.cause = f"[load_failed] {exc}", "load_failed"
         except RunnerError as exc:
             obs.error, obs.cause = f"[start_failed] {exc}", "start_failed"
-        if obs.error is None and check_retention and self.settle_s > 0:
-            self._settle(args, obs)
+        if obs.error is None and check_retention and self.settle_s > 0 and proc is self._proc:
+            self._settle(proc, args, obs)
         if obs.cause in RESTART_CAUSES:
             self._discard()
         return obs
 
     def incumbent_runner(self) -> Runner:
-        """A sibling runner (own worker) for the incumbent, so a candidate cannot slow it down."""
+        """A sibling runner for the incumbent, in a sandbox of its own, so a candidate cannot reach it."""
         if self._incumbent is None:
             self._incumbent = WorkerRunner(self.call_timeout_s, self.prepare_timeout_s, memory_limit_gib=None,
-                                           settle_s=self.settle_s, start_timeout_s=self.start_timeout_s, keep_spare=False)
+                                           settle_s=self.settle_s, start_timeout_s=self.start_timeout_s, keep_spare=False,
+                                           sandbox=self.sandbox)
         return self._incumbent
 
     def close(self) -> None:
-        self._proc = self._spare = None
+        self._proc = self._spare = self._zygote = None
         if self._incumbent is not None:
             self._incumbent.close()
         self._finalizer()
@@ -311,15 +222,39 @@ class WorkerRunner(Runner):
 
     # -- workers ---------------------------------------------------------------------------------
     @staticmethod
-    def _cleanup(live: list, log_dir: str) -> None:
+    def _cleanup(live: list, zygotes: list, dirs: tuple) -> None:
         for proc in live:
             proc.kill()
         live.clear()
-        shutil.rmtree(log_dir, ignore_errors=True)
+        for z in zygotes:
+            z.close()
+        zygotes.clear()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
-    def _spawn(self) -> _Proc:
+    def _zygote_now(self) -> Zygote:
+        if self._zygote is None or not self._zygote.alive():
+            if self._zygote is not None:  # killed from inside: its workers died with it
+                self._drop_sandbox()
+            self._zygote = Zygote(self.sandbox, self._scratch, os.path.join(self._log_dir, "zygote.log"), self.start_timeout_s,
+                                  self._visible)
+            self._zygotes.append(self._zygote)
+        return self._zygote
+
+    def _drop_sandbox(self) -> None:
+        """Kill every worker and the sandbox itself; the next request starts a fresh one."""
+        for proc in list(self._live):
+            proc.kill()
+        self._live.clear()
+        self._proc = self._spare = None
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygotes.remove(self._zygote)
+            self._zygote = None
+
+    def _spawn(self) -> WorkerProcess:
         self._generation += 1
-        proc = _Proc(self._generation, self.memory_bytes, self._log_dir, self.start_timeout_s)
+        proc = WorkerProcess(self._zygote_now(), self._generation, self.limits, self._log_dir, self.start_timeout_s)
         self._live.append(proc)
         return proc
 
@@ -327,16 +262,22 @@ class WorkerRunner(Runner):
         """Kill the current worker; ``failed`` counts it in ``restarts`` (not a switch of kernel source)."""
         if self._proc is not None:
             self._proc.kill()
-            self._live.remove(self._proc)
+            if self._proc in self._live:
+                self._live.remove(self._proc)
             self._proc = None
             self.restarts += failed
 
-    def _worker_for(self, source: KernelSource) -> _Proc:
+    def _worker_for(self, source: KernelSource) -> WorkerProcess:
+        if source in self._unavailable:
+            raise Contained("not_run", f"not run: {self._unavailable[source]}")
         where = source.file or source.module or source.sealed or ""
-        if self._proc is not None and self._proc.conn.poll(0):  # died or wrote between calls
+        self._show(source)
+        if self._proc is not None and (self._proc.conn.poll(0) or not self._proc.zygote.alive()):  # died or wrote between calls
             self._discard()
         if self._proc is not None and self._proc.source not in (None, where):
             self._discard(failed=False)
+        if self._spare is not None and not self._spare.zygote.alive():
+            self._spare = None
         if self._proc is None:
             proc, self._spare = (self._spare or self._spawn()), None
             self._await_ready(proc)
@@ -344,9 +285,39 @@ class WorkerRunner(Runner):
             if self.keep_spare:
                 self._spare = self._spawn()
         self._proc.source = where
+        if source not in self._proc.loaded:
+            self._load(self._proc, source)
         return self._proc
 
-    def _await_ready(self, proc: _Proc) -> None:
+    def _show(self, source: KernelSource) -> None:
+        """A source file under ``/tmp`` is hidden by the sandbox's private ``/tmp``: restart it showing the file's directory."""
+        if not source.file or not self.sandbox.isolated:
+            return
+        path = os.path.realpath(source.file)
+        parent = os.path.dirname(path)
+        tmp = os.path.realpath(tempfile.gettempdir())
+        if not (parent + "/").startswith(("/tmp/", tmp + "/")) or any((parent + "/").startswith(v + "/") for v in self._visible):
+            return
+        self._visible.add(path if parent in ("/tmp", tmp) else parent)
+        if self._zygote is not None:
+            self._drop_sandbox()
+
+    def _load(self, proc: WorkerProcess, source: KernelSource) -> None:
+        """Import the candidate (its own request and deadline); a failure is final for this source."""
+        try:
+            reply, _ = self._request(proc, "load", source, [], self.prepare_timeout_s)
+        except Contained as c:
+            message = (f"importing the candidate did not finish within {self.prepare_timeout_s:g}s; the worker was killed"
+                       if c.cause == "timeout" else f"while importing the candidate: {c.message}")
+            self._unavailable[source] = f"the candidate failed to load ({c.cause}: {message.splitlines()[0]})"
+            raise Contained(c.cause, message, c.elapsed_s) from None
+        if "error" in reply:
+            text = str(reply["error"]).strip()
+            self._unavailable[source] = f"the candidate failed to load: {text.splitlines()[-1]}"
+            raise Contained(str(reply.get("cause") or "load_failed"), text)
+        proc.loaded.add(source)
+
+    def _await_ready(self, proc: WorkerProcess) -> None:
         if not proc.conn.poll(self.start_timeout_s):
             proc.kill()
             self._live.remove(proc)
@@ -364,22 +335,22 @@ class WorkerRunner(Runner):
         if known is not None and not self._shared[known].ref.expired():
             return known
         try:
-            manager, filename, nbytes = storage._share_filename_cpu_()
+            fd, nbytes = storage._share_fd_cpu_()
         except RuntimeError as exc:
             raise RunnerError(f"cannot move a CPU storage of {storage.nbytes()} bytes into shared memory ({exc}); "
                               "allocate the tensor with torch (not from_blob/numpy) so it can be shared") from None
-        return self._remember(storage, ("cpu", manager, filename, nbytes))
+        return self._remember(storage, ("fd", nbytes), fd=fd)
 
-    def _remember(self, storage: torch.UntypedStorage, entry: tuple) -> int:
+    def _remember(self, storage: torch.UntypedStorage, entry: tuple, fd: int | None = None) -> int:
         self._next_key += 1
         key = self._next_key
-        self._shared[key] = _Shared(StorageWeakRef(storage), storage.data_ptr(), (entry[0], key, *entry[1:]))
+        self._shared[key] = _Shared(StorageWeakRef(storage), storage.data_ptr(), (entry[0], key, *entry[1:]), fd, storage.nbytes())
         self._key_of[storage._cdata] = key
         return key
 
-    def _key_for(self, t: torch.Tensor, proc: _Proc, register: list) -> int:
+    def _key_for(self, t: torch.Tensor, proc: WorkerProcess, register: list) -> int:
         if t.layout != torch.strided:
-            raise _Contained("load_failed", f"cannot hand a {t.layout} tensor to the worker; only strided tensors are supported")
+            raise Contained("load_failed", f"cannot hand a {t.layout} tensor to the worker; only strided tensors are supported")
         storage = t.untyped_storage()
         known = self._key_of.get(storage._cdata)
         if known is None or self._shared[known].ref.expired():
@@ -392,11 +363,11 @@ class WorkerRunner(Runner):
             else:
                 known = self._share_cpu(storage)  # first sight: shared in place (data_ptr changes once)
         if known not in proc.registered:
-            register.append(self._shared[known].entry)
+            register.append(self._shared[known])
             proc.registered.add(known)
         return known
 
-    def _released(self, proc: _Proc) -> list[int]:
+    def _released(self, proc: WorkerProcess) -> list[int]:
         dead = [k for k, s in self._shared.items() if s.ref.expired()]
         for k in dead:
             self._key_of = {c: v for c, v in self._key_of.items() if v != k}
@@ -406,30 +377,44 @@ class WorkerRunner(Runner):
         return gone
 
     # -- one request -----------------------------------------------------------------------------
-    def _request(self, proc: _Proc, op: str, source: KernelSource, args: Any, timeout: float, **extra: Any) -> tuple[dict, float]:
-        register: list = []
+    def _request(self, proc: WorkerProcess, op: str, source: KernelSource, args: Any, timeout: float, **extra: Any) -> tuple[dict, float]:
+        register: list[_Shared] = []
         buf = io.BytesIO()
         try:
             _ArgPickler(buf, self, proc, register).dump(args)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            raise _Contained("start_failed", f"cannot send the {op} arguments to the worker ({exc}); "
-                                             "arguments must be tensors or picklable values") from None
+            raise Contained("start_failed", f"cannot send the {op} arguments to the worker ({exc}); "
+                                            "arguments must be tensors or picklable values") from None
         dead_prepared, self._dead_prepared = [k for k in self._dead_prepared if k in proc.prepared], []
         proc.prepared.difference_update(dead_prepared)
-        msg = {"op": op, "kernel": source, "args": buf.getvalue(), "register": register,
+        msg = {"op": op, "kernel": source, "args": buf.getvalue(), "register": [s.entry for s in register],
                "release": self._released(proc), "release_prepared": dead_prepared, **extra}
+        fds = [s.fd for s in register if s.fd is not None]
+        proc.shared_bytes = sum(s.nbytes for k, s in self._shared.items() if k in proc.registered)
         start = _clock()
         try:
             proc.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
-            if not proc.conn.poll(timeout):
+            if fds:
+                socket.send_fds(proc.fd_sock, [b"F"], fds)
+            try:
+                answered = self._watch.wait(proc, self._worker_pids() - {proc.pid}, timeout, start)
+            except Contained:
+                self._drop_sandbox()  # over a limit: nothing in that sandbox is kept
+                self.restarts += 1
+                raise
+            if not answered:
                 self._discard()
-                raise _Contained("timeout", f"timed out after {timeout:g}s: {op} did not return; the worker was killed", _clock() - start)
+                self._kill_strays(proc)
+                if op != "load":
+                    self._unavailable[source] = f"a call timed out after {timeout:g}s (a hang costs one timeout, not one per profile)"
+                raise Contained("timeout", f"timed out after {timeout:g}s: {op} did not return; the worker was killed", _clock() - start)
             data = proc.conn.recv_bytes(MAX_REPLY_BYTES)
         except (EOFError, OSError):
             cause, why = proc.exit_reason()
             tail = proc.log_tail()
             self._discard()
-            raise _Contained(cause, why + (f"\nworker log:\n{tail}" if tail else ""), _clock() - start) from None
+            self._kill_strays(proc)
+            raise Contained(cause, why + (f"\nworker log:\n{tail}" if tail else ""), _clock() - start) from None
         elapsed = _clock() - start
         try:
             reply = json.loads(data)
@@ -437,8 +422,27 @@ class WorkerRunner(Runner):
                 raise ValueError("not an object")
         except ValueError as exc:
             self._discard()
-            raise _Contained("protocol", f"the worker sent a malformed reply ({exc}); was the socket written to by candidate code?", elapsed) from None
+            raise Contained("protocol", f"the worker sent a malformed reply ({exc}); was the socket written to by candidate code?", elapsed) from None
+        left = self._kill_strays(proc)
+        if left:
+            raise Contained("process_left_running", f"{op} returned while {len(left)} process(es) it started were still running "
+                                                    f"({left}); every process must finish before it returns", elapsed)
         return reply, elapsed
+
+    def _worker_pids(self) -> set[int]:
+        return {p.pid for p in self._live}
+
+    def _kill_strays(self, proc: WorkerProcess) -> str:
+        """Kill every process in the sandbox that is not a worker; describe them ('' when none)."""
+        if not proc.zygote.alive():
+            return ""
+        strays = proc.zygote.strays(self._worker_pids())
+        for p in strays:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        return ", ".join(f"{p.name} [{p.ns_pid}]" for p in strays[:4]) + (f", +{len(strays) - 4} more" if len(strays) > 4 else "")
 
     def _observe(self, reply: dict, args: Sequence[Any], obs: CallObservation) -> None:
         try:
@@ -454,7 +458,7 @@ class WorkerRunner(Runner):
             obs.retained = [int(i) for i in reply.get("retained", []) if 0 <= int(i) < len(args)]
             obs.receipts = [str(r)[:80] for r in reply.get("receipts", [])[:64]]
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise _Contained("protocol", f"the worker sent a malformed observation ({exc!r})", obs.elapsed_s) from None
+            raise Contained("protocol", f"the worker sent a malformed observation ({exc!r})", obs.elapsed_s) from None
 
     def _translate(self, meta: Any, arg: Any) -> TensorMeta | None:
         """Map the worker's view of an argument to referee addresses (0-based when not shared)."""
@@ -468,16 +472,19 @@ class WorkerRunner(Runner):
                           tuple(int(s) for s in meta["shape"]), tuple(int(s) for s in meta["stride"]),
                           int(meta["offset"]), str(meta["dtype"]))
 
-    def _settle(self, args: Sequence[Any], obs: CallObservation) -> None:
+    def _settle(self, proc: WorkerProcess, args: Sequence[Any], obs: CallObservation) -> None:
+        """Watch ``settle_s`` after the call: no argument may change, no thread may keep working."""
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         snaps = [a.detach().clone() for _, a in tensors]
-        time.sleep(self.settle_s)
+        busy = Watch.busy_threads(proc, self.settle_s)
         for (i, a), snap in zip(tensors, snaps):
             if not bits_equal(a.detach(), snap):
                 obs.cause = "late_write"
                 obs.error = (f"argument {i} changed {self.settle_s * 1e3:g} ms after entry returned (a background thread or "
                              f"stream still writing?)\n[late_write] argument {i} was written after entry returned")
                 return
+        if busy:
+            obs.cause, obs.error = "thread_left_running", f"{busy}\n[thread_left_running] {busy}"
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -492,13 +499,16 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     return []
 
 
-def make_runner(isolate: bool, timeout_s: float = 30.0, *, device: str = "cpu", memory_limit_gib: float = 4.0) -> Runner:
+def make_runner(isolate: bool, timeout_s: float = 30.0, *, device: str = "cpu", memory_limit_gib: float = 4.0,
+                sandbox: str | None = None, require_sandbox: bool = False) -> Runner:
     """The CLI's choice: ``WorkerRunner`` when ``isolate`` (the default for bundles), else in-process.
 
-    On CUDA the address-space cap is off (the driver reserves far more address space than it
-    uses); cap device memory with the operator's tooling instead (docs/threat-model.md).
+    ``memory_limit_gib`` caps each worker's resident memory (host memory; device memory is
+    the operator's to cap, docs/threat-model.md); ``sandbox`` forces a mode of
+    :mod:`kernelslot.verify.sandbox` and ``require_sandbox`` refuses to run without one.
     """
     if not isolate:
         return InProcessRunner()
-    cap = None if torch.device(device).type == "cuda" else memory_limit_gib
-    return WorkerRunner(call_timeout_s=timeout_s, prepare_timeout_s=max(4 * timeout_s, 60.0), memory_limit_gib=cap)
+    box = current_sandbox(sandbox, require=require_sandbox)
+    return WorkerRunner(call_timeout_s=timeout_s, prepare_timeout_s=max(4 * timeout_s, 60.0), memory_limit_gib=memory_limit_gib,
+                        sandbox=box)

@@ -1,17 +1,24 @@
 """Child side of :class:`~kernelslot.verify.worker.WorkerRunner`: the only processes that run candidate code.
 
-``python -m kernelslot.verify.worker_main FD`` starts the *zygote*: a clean interpreter that
-imports torch and kernelslot, then only forks workers on request (no candidate code, no torch
-op, no thread ever runs in it), so a fresh worker costs a fork, not an interpreter start. On
-``FD`` (a SOCK_SEQPACKET socket) the referee sends JSON requests: ``fork`` (with the worker's
-socket passed as an fd) answers ``{"pid"}``; ``wait`` answers the worker's exit status
-(``{"code": n}``, negative = killed by signal ``-n``; ``None`` while it still runs).
+The referee starts a *zygote* inside the sandbox (:mod:`kernelslot.verify.sandbox`) as
+``python -`` with a bootstrap on stdin that calls :func:`zygote`, so nothing in its command
+line, ``__main__``, working directory (the private scratch) or environment names the referee.
+The zygote confines itself (:func:`~kernelslot.verify.sandbox.confine`), imports torch and
+kernelslot, then only forks workers on request (no candidate code, no torch op, no thread ever
+runs in it), so a fresh worker costs a fork, not an interpreter start. On its SOCK_SEQPACKET
+socket the referee sends JSON requests: ``fork`` (the worker's socket and log file passed as
+fds) answers ``{"pid"}`` (the pid inside the sandbox's PID namespace); ``wait`` answers the
+worker's exit status (``{"code": n}``, negative = killed by signal ``-n``; ``None`` while it
+still runs). The zygote is a child subreaper, so orphans of candidate processes stay in its
+tree, where the referee finds them.
 
-:func:`serve` runs in each worker: it moves into its own session (so a kill reaches anything the
-candidate spawned), sends stdout/stderr to a log file, caps its address space, and answers
-requests on its socket. The referee sends pickled requests (the worker trusts the referee); the
-worker answers in JSON only, so nothing a candidate writes on the socket can run code in the
-referee.
+:func:`serve` runs in each worker: it moves into its own session, sends stdout/stderr to the
+log, sets its resource limits (CPU time, file size, no core dumps; resident memory and process
+count are enforced by the referee from outside), and answers requests on its socket: ``load``
+imports the candidate, ``prepare``/``call`` run it. CPU tensors arrive as file descriptors
+(``register`` entries of kind ``fd``, the descriptors sent right after the message). The
+referee sends pickled requests (the worker trusts the referee); the worker answers in JSON
+only, so nothing a candidate writes on the socket can run code in the referee.
 """
 from __future__ import annotations
 
@@ -37,8 +44,8 @@ import pickle  # noqa: E402
 import resource  # noqa: E402
 import socket  # noqa: E402
 import sys  # noqa: E402
-import threading  # noqa: E402
 import traceback  # noqa: E402
+import types  # noqa: E402
 from multiprocessing.connection import Connection  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -88,18 +95,28 @@ class _ArgUnpickler(pickle.Unpickler):
 
 
 class _Worker:
-    def __init__(self) -> None:
+    def __init__(self, fd_sock: socket.socket | None = None) -> None:
+        self.fd_sock = fd_sock  # where descriptors of ``fd`` storages arrive
         self.storages: dict[int, torch.UntypedStorage] = {}
         self.prepared: dict[int, Any] = {}
         self.kernels: dict[Any, tuple[Any, Any]] = {}  # KernelSource -> (entry, prepare)
 
     # -- bookkeeping -------------------------------------------------------------------------
     def register(self, entries: list) -> None:
+        wanted = sum(e[0] == "fd" for e in entries)
+        fds: list[int] = []
+        if wanted:
+            _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, wanted)
+            if len(fds) != wanted:
+                raise RuntimeError(f"expected {wanted} storage descriptors, received {len(fds)}")
         for entry in entries:
             kind, key = entry[0], entry[1]
-            if kind == "cpu":
-                _, _, manager, filename, nbytes = entry
-                self.storages[key] = torch.UntypedStorage._new_shared_filename_cpu(manager, filename, nbytes)
+            if kind == "fd":
+                fd = fds.pop(0)
+                try:
+                    self.storages[key] = torch.UntypedStorage._new_shared_fd_cpu(fd, entry[2])
+                finally:
+                    os.close(fd)  # torch keeps its own duplicate
             elif kind == "cuda":
                 _, _, rebuild, rebuild_args = entry
                 self.storages[key] = rebuild(*rebuild_args).untyped_storage()
@@ -134,6 +151,8 @@ class _Worker:
         try:
             self.register(msg.get("register", []))
             entry, prepare = self.load(msg["kernel"])
+            if msg["op"] == "load":
+                return {}
             args = _ArgUnpickler(msg["args"], self).load()
         except BaseException:  # noqa: BLE001 - import-time failures of candidate code are reported
             text = traceback.format_exc(limit=8)
@@ -155,7 +174,6 @@ class _Worker:
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         before = {i: _identity(t) for i, t in tensors}
         uses = {i: torch._C._storage_Use_Count(t.untyped_storage()._cdata) for i, t in tensors} if check else {}
-        threads = {t.ident for t in threading.enumerate()}
         result, err, elapsed = _call_entry(entry, args)
         reply: dict[str, Any] = {"worker_ns": elapsed, "returned": None if result is None else _short_repr(result)}
         if hasattr(entry, "take_receipts"):  # a sealed direct artifact's launcher (bundle/direct/launcher.py)
@@ -169,10 +187,6 @@ class _Worker:
             except Exception:  # noqa: BLE001 - an asynchronous device fault surfaces here
                 text = traceback.format_exc(limit=4)
                 reply.update(error=text, cause="out_of_memory" if memory_error_text(text) else "exception")
-        stray = [t.name for t in threading.enumerate() if t.ident not in threads and t.is_alive()]
-        if stray and "error" not in reply:
-            reply.update(error=f"entry returned while {len(stray)} thread(s) it started were still running ({', '.join(stray[:4])}); "
-                               "all work must finish before entry returns", cause="thread_left_running")
         meta: list[Any] = [None] * len(args)
         for i, t in tensors:
             now = _identity(t)
@@ -195,15 +209,13 @@ class _Worker:
         return reply
 
 
-def _limit_memory(cap_bytes: int) -> None:
-    """Cap the address space at what the interpreter already maps plus ``cap_bytes``."""
+def _set_limits(limits: dict) -> None:
+    """CPU seconds and file size (``RLIMIT_CPU``, ``RLIMIT_FSIZE``; 0 = unlimited); no core dumps."""
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if cap_bytes <= 0:
-        return
-    with open("/proc/self/status") as f:
-        vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
-    limit = vm_kib * 1024 + cap_bytes
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    for name, rlimit in (("cpu_s", resource.RLIMIT_CPU), ("file_bytes", resource.RLIMIT_FSIZE)):
+        value = int(limits.get(name) or 0)
+        if value > 0:
+            resource.setrlimit(rlimit, (value, value))
 
 
 def _die_with_parent() -> None:
@@ -216,18 +228,17 @@ def _die_with_parent() -> None:
         pass
 
 
-def serve(sock: socket.socket, cap_bytes: int, log_path: str) -> None:
+def serve(sock: socket.socket, limits: dict, log_fd: int) -> None:
     """A worker's main loop (runs in the forked child); returns when the referee hangs up."""
     os.setsid()
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
     faulthandler.enable()
     _die_with_parent()
-    _limit_memory(cap_bytes)
+    _set_limits(limits)
+    worker = _Worker(socket.socket(fileno=os.dup(sock.fileno())))
     conn = Connection(sock.detach())
-    worker = _Worker()
     conn.send_bytes(json.dumps({"ready": os.getpid()}).encode())
     while True:
         try:
@@ -238,14 +249,26 @@ def serve(sock: socket.socket, cap_bytes: int, log_path: str) -> None:
         conn.send_bytes(json.dumps(reply).encode())
 
 
-def zygote(fd: int) -> None:
+def zygote(fd: int, mode: str, scratch: str, visible: list[str]) -> None:
     """Fork workers for the referee until it hangs up (see the module docstring)."""
+    from kernelslot.verify.sandbox import confine
+
+    confine(mode, scratch, visible)
     _die_with_parent()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of candidate processes stay ours
+        libc.prctl(4, 0)  # PR_SET_DUMPABLE 0: no process of the sandbox can open another's /proc/PID/mem
+    except (OSError, AttributeError):
+        pass
+    sys.modules["__main__"] = types.ModuleType("__main__")  # the bootstrap names the referee; candidates see none of it
     sock = socket.socket(fileno=fd)
     sock.send(json.dumps({"ready": os.getpid()}).encode())
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 1)
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
         except OSError:
             return
         if not data:
@@ -257,7 +280,7 @@ def zygote(fd: int) -> None:
                 sock.close()
                 code = 0
                 try:
-                    serve(socket.socket(fileno=fds[0]), int(req["cap"]), str(req["log"]))
+                    serve(socket.socket(fileno=fds[0]), dict(req["limits"]), fds[1])
                 except BaseException:  # noqa: BLE001 - reported through the exit code and the log
                     traceback.print_exc()
                     code = 1
@@ -283,5 +306,8 @@ def _wait(pid: int, timeout: float) -> int | None:
         time.sleep(0.005)
 
 
-if __name__ == "__main__":
-    zygote(int(sys.argv[1]))
+def bootstrap(fd: int, mode: str, scratch: str, visible: list[str]) -> str:
+    """The program the referee writes to a zygote's stdin (``python -``)."""
+    path = [p for p in sys.path if p]
+    return (f"import sys\nsys.path[:0] = {path!r}\n"
+            f"from kernelslot.verify.worker_main import zygote\nzygote({fd}, {mode!r}, {scratch!r}, {visible!r})\n")

@@ -1,0 +1,137 @@
+"""What the referee sees of a worker's processes from outside, through the host's ``/proc``.
+
+Nothing here asks the worker: a candidate cannot forge it. A process tree is read from
+``/proc/PID/task/TID/children``; pids are the referee's (host) pids, and ``ns_pid`` is the pid
+the process has in its own PID namespace (the last field of ``NSpid``), which is what a
+sandboxed process reports about itself.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["Process", "tree", "children", "descendants", "ns_pid", "resident_bytes", "thread_cpu_ns"]
+
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int  # host pid
+    ppid: int  # host pid of the parent (0 for the root of the walk)
+    ns_pid: int
+    state: str  # one letter, as in /proc/PID/stat (Z: zombie)
+    name: str  # comm
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("Z", "X")
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (of every one of its threads)."""
+    return _children(pid)
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        text = _read(f"/proc/{pid}/task/{tid}/children")
+        if text:
+            kids.extend(int(c) for c in text.split())
+    return kids
+
+
+def ns_pid(pid: int) -> int | None:
+    """The pid ``pid`` has inside its own PID namespace (None when it is gone)."""
+    status = _read(f"/proc/{pid}/status")
+    if status is None:
+        return None
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return pid
+
+
+def _process(pid: int, ppid: int, with_ns: bool) -> Process | None:
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    name = stat[stat.find("(") + 1:stat.rfind(")")]
+    state = stat[stat.rfind(")") + 2:stat.rfind(")") + 3]
+    inner = ns_pid(pid) if with_ns else pid
+    return None if inner is None else Process(pid, ppid, inner, state, name)
+
+
+def descendants(roots: list[int], skip: set[int] = frozenset(), with_ns: bool = False) -> list[Process]:
+    """The processes below ``roots`` (not the roots), not descending into ``skip``; pre-order."""
+    out: list[Process] = []
+    stack = [(c, r) for r in reversed(roots) for c in reversed(_children(r)) if c not in skip]
+    seen: set[int] = set(roots)
+    while stack:
+        pid, ppid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        proc = _process(pid, ppid, with_ns)
+        if proc is None:
+            continue
+        out.append(proc)
+        stack.extend((c, pid) for c in reversed(_children(pid)) if c not in skip)
+    return out
+
+
+def tree(root: int, with_ns: bool = True) -> list[Process]:
+    """``root`` and all its descendants (pre-order); processes that vanish meanwhile are left out."""
+    top = _process(root, 0, with_ns)
+    return ([top] if top else []) + descendants([root], with_ns=with_ns)
+
+
+def resident_bytes(pids: list[int], shared_allowance: int = 0) -> int:
+    """Private resident memory of ``pids``: anonymous pages plus shared-memory pages beyond
+    ``shared_allowance`` (the bytes of the referee's tensors these processes map, which are the
+    referee's memory, not theirs)."""
+    anon = shmem = 0
+    for pid in pids:
+        text = _read(f"/proc/{pid}/status")
+        if text is None:
+            continue
+        for line in text.splitlines():
+            if line.startswith("RssAnon:"):
+                anon += int(line.split()[1]) * 1024
+            elif line.startswith("RssShmem:"):
+                shmem += int(line.split()[1]) * 1024
+    return anon + max(0, shmem - shared_allowance)
+
+
+def thread_cpu_ns(pid: int) -> dict[int, tuple[int, str]]:
+    """Per thread of ``pid``: CPU time used so far (ns) and its name."""
+    out: dict[int, tuple[int, str]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        sched = _read(f"/proc/{pid}/task/{tid}/schedstat")
+        if sched:
+            ns = int(sched.split()[0])
+        else:  # no schedstat: clock ticks from stat
+            stat = _read(f"/proc/{pid}/task/{tid}/stat")
+            if stat is None:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            ns = (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+        comm = (_read(f"/proc/{pid}/task/{tid}/comm") or "?").strip()
+        out[int(tid)] = (ns, comm)
+    return out
