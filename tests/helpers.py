@@ -1,7 +1,9 @@
 """Small helpers shared by test modules."""
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 
 from kernelslot.slots.base import Kernel
 from kernelslot.verify import SlotReport
@@ -11,6 +13,19 @@ def cheat_kernel(name: str) -> Kernel:
     """The kernel of ``tests/cheats/<name>.py``."""
     module = importlib.import_module(f"tests.cheats.{name}")
     return Kernel(module.entry, getattr(module, "prepare", None), name=f"cheat.{name}")
+
+
+def declared(path: Path) -> dict:
+    """The literal module-level constants of a cheat file (SLOT, EXPECT, ...), read without importing it:
+    isolation and sandbox cheats act at import, which must only ever happen inside a worker."""
+    found = {}
+    for node in ast.parse(Path(path).read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                pass
+    return found
 
 
 def failures(report: SlotReport) -> list:

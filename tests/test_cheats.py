@@ -17,7 +17,8 @@ from kernelslot.verify import VerifyOptions, verify_slot
 # EXPECT instead of CATCHES; tests/verify/test_collective.py and test_worker.py run those.
 CHEATS = sorted(
     m.name for m in pkgutil.iter_modules(cheats_pkg.__path__)
-    if hasattr(mod := importlib.import_module(f"tests.cheats.{m.name}"), "CATCHES")
+    if not m.name.startswith(("isolation_", "sandbox_"))  # they act at import: only ever loaded inside a worker
+    and hasattr(mod := importlib.import_module(f"tests.cheats.{m.name}"), "CATCHES")
     and not getattr(mod, "SKIP_GENERIC", False)
 )
 OPTS = VerifyOptions(dtypes=(torch.float32, torch.bfloat16))

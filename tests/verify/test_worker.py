@@ -3,9 +3,9 @@ the referee survives every one of them in one process (issue 6, docs/threat-mode
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import textwrap
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -15,24 +15,29 @@ from kernelslot.slots import Candidate, Kernel, get_slot
 from kernelslot.slots.base import KernelSource
 from kernelslot.verify import InProcessRunner, RunnerError, VerifyOptions, verify_slot
 from kernelslot.verify.worker import RESTART_CAUSES, WorkerRunner, make_runner
+from tests.helpers import declared
 
 CHEATS_DIR = Path(__file__).resolve().parents[1] / "cheats"
 ISOLATION = sorted(p.stem for p in CHEATS_DIR.glob("isolation_*.py"))
 # Generic cheats whose checks depend on what the worker reports (identity, retention, return value).
-WORKER_REPORTED = ("alias_output_into_input", "swaps_output_storage", "retains_tensor", "returns_new_tensor", "input_mutation")
+WORKER_REPORTED = ("alias_output_into_input", "swaps_output_storage", "retains_tensor", "returns_new_tensor", "input_mutation",
+                   "rebinds_input")
+HONEST_DIR = Path(__file__).resolve().parent / "honest_kernels"
+HONEST = sorted(p.stem for p in HONEST_DIR.glob("*.py") if p.stem != "__init__")
 ONE_PROFILE = VerifyOptions(dtypes=(torch.float32,), profiles=("decode_batch",))
 
 
 def _cheat(name: str) -> tuple[object, Candidate]:
-    mod = importlib.import_module(f"tests.cheats.{name}")
-    prepare = getattr(mod, "prepare", None)
-    source = KernelSource(entry="entry", prepare="prepare" if prepare else None, file=str(CHEATS_DIR / f"{name}.py"))
+    path = CHEATS_DIR / f"{name}.py"
+    mod = types.SimpleNamespace(**declared(path))  # never imported here: some act at import
+    prepare = "def prepare(" in path.read_text()
+    source = KernelSource(entry="entry", prepare="prepare" if prepare else None, file=str(path))
     return mod, Candidate(Kernel(None, None, name=f"cheat.{name}", source=source))  # loaded by the worker only
 
 
 @pytest.fixture(scope="module")
 def runner():
-    r = WorkerRunner(call_timeout_s=3.0, prepare_timeout_s=10.0, memory_limit_gib=0.5, settle_s=0.25)
+    r = WorkerRunner(call_timeout_s=6.0, prepare_timeout_s=20.0, memory_limit_gib=0.5, settle_s=0.25)
     yield r
     r.close()
 
@@ -56,12 +61,12 @@ def test_honest_builtin_same_verdicts_under_both_runners(slot):
 
 def test_every_isolation_cheat_fails_and_the_referee_survives(runner):
     """All isolation cheats through ONE WorkerRunner in this one referee process."""
-    assert len(ISOLATION) >= 9, ISOLATION
+    assert len(ISOLATION) >= 13, ISOLATION
     reports = {}
     start = time.perf_counter()
     for name in ISOLATION:
         mod, cand = _cheat(name)
-        opts = dataclasses.replace(ONE_PROFILE, time=mod.EXPECT[0] == "timing", time_reps=3)
+        opts = dataclasses.replace(ONE_PROFILE, time=mod.EXPECT[0] == "timing" or getattr(mod, "TIME", False), time_reps=3)
         reports[name] = (mod, verify_slot(get_slot(mod.SLOT), cand, opts, runner=runner))
     elapsed = time.perf_counter() - start
     # the referee is alive and its worker usable: an honest kernel still passes, earlier results are intact
@@ -86,7 +91,7 @@ def test_every_isolation_cheat_fails_and_the_referee_survives(runner):
     assert not problems, "\n".join(problems)
     contained = [n for n, (_, rep) in reports.items()
                  if any(c.name == "raised" and c.message.split("]")[0].lstrip("[") in RESTART_CAUSES for c in rep.results[0].failures())]
-    assert len(contained) >= 5, contained  # crash, exit, timeout, out of memory, thread (+ late write unless it hit compare)
+    assert len(contained) >= 8, contained  # crash, exit, timeout, memory, busy thread, processes left, late writes
     assert runner.restarts == len(contained)  # each contained failure replaced the worker, nothing else did
     assert elapsed < 60
 
@@ -98,6 +103,36 @@ def test_generic_cheats_caught_the_same_way_under_the_worker(runner, name):
     report = verify_slot(get_slot(mod.SLOT), cand, opts, runner=runner)
     assert not report.passed
     assert report.failed_checks() & set(mod.CATCHES), f"{name}: failed only {sorted(report.failed_checks())}"
+
+
+def test_rebinding_an_input_is_named(runner):
+    mod, cand = _cheat("rebinds_input")
+    report = verify_slot(get_slot(mod.SLOT), cand, ONE_PROFILE, runner=runner)
+    msg = report.results[0].check("input_mutated").message
+    assert "x was rebound" in msg and "shape" in msg and "stride" in msg, msg
+
+
+@pytest.mark.parametrize("how,named", [("x.set_(x.clone())", "storage"), ("x.data = x.clone()", "storage"),
+                                       ("x.as_strided_((x.numel(),), (1,), 0)", "shape")])
+def test_every_kind_of_input_rebinding_is_caught_in_the_worker(tmp_path, runner, how, named):
+    path = tmp_path / "rebind.py"
+    path.write_text(f"import torch\ndef entry(x, out):\n    d = x.shape[-1] // 2\n"
+                    f"    out.copy_(torch.nn.functional.silu(x[..., :d].float()) * x[..., d:].float())\n    {how}\n")
+    cand = Candidate(Kernel(None, None, source=KernelSource(entry="entry", file=str(path))))
+    report = verify_slot(get_slot("activation.silu_and_mul"), cand, ONE_PROFILE, runner=runner)
+    got = report.results[0].check("input_mutated")
+    assert got is not None and got.status == "fail" and named in got.message, report.results[0].failures()
+
+
+@pytest.mark.parametrize("name", HONEST)
+def test_honest_containment_kernels_pass_under_both_runners(runner, name):
+    """An idle pool left alive, an untouched 8 GiB reservation, C compiled at import: not failures."""
+    source = KernelSource(entry="entry", file=str(HONEST_DIR / f"{name}.py"))
+    defn = get_slot("activation.silu_and_mul")
+    isolated = verify_slot(defn, Candidate(Kernel(None, None, name=name, source=source)), ONE_PROFILE, runner=runner)
+    local = verify_slot(defn, Candidate(Kernel(None, None, name=name, source=source)), ONE_PROFILE, runner=InProcessRunner())
+    assert isolated.passed, isolated.results[0].failures()
+    assert local.passed, local.results[0].failures()
 
 
 _PREPARED_KERNEL = '''

@@ -234,7 +234,7 @@ def load_source_module(file: str) -> ModuleType:
     if file in _MODULES:
         return _MODULES[file]
     path = Path(file)
-    name = f"kernelslot_bundle_{hashlib.sha1(file.encode()).hexdigest()[:10]}_{path.stem}"
+    name = f"bundle_{hashlib.sha1(file.encode()).hexdigest()[:10]}_{path.stem}"  # says nothing about the referee
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {file}")

@@ -31,7 +31,7 @@ def check_inputs(result: ProfileResult, inputs: dict[str, Any], snap: dict, labe
         t = inputs[name]
         now = TensorMeta.of(t)
         if (now.data_ptr, now.shape, now.stride, now.dtype) != (meta.data_ptr, meta.shape, meta.stride, meta.dtype):
-            problems.append(f"{name}: storage/shape/stride changed ({meta.shape}/{meta.stride} -> {now.shape}/{now.stride})")
+            problems.append(f"{name} was rebound: {meta.changes(now)}")
         elif not bits_equal(t, ref):
             diff = (t.contiguous().view(torch.uint8) != ref.contiguous().view(torch.uint8)).sum().item()
             problems.append(f"{name}: {diff} byte(s) changed")
@@ -63,6 +63,10 @@ def check_call(
         result.record("returned_value", FAIL, f"{label}entry returned {obs.returned}; it must write into the outputs and return None")
     ok = True
     meta_by_name = dict(zip(arg_names, obs.meta_after))
+    rebound = [f"{n} was rebound: {m.changes(meta_by_name[n])}" for n, m in input_meta.items()
+               if meta_by_name.get(n) is not None and m.changes(meta_by_name[n])]
+    if rebound and result.check("input_mutated") is None:  # in a worker the referee's own tensor stays put
+        result.record("input_mutated", FAIL, f"{label}inside the call: " + "; ".join(rebound))
     for name in out_names:
         after = meta_by_name.get(name)
         before = out_meta_before[name]

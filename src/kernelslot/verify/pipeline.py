@@ -172,6 +172,9 @@ class _ProfileRun:
         if not self.cand.domain.matches(desc):
             self.result.skipped_reason = "outside declared domain: " + ", ".join(self.cand.domain.mismatches(desc))
             return self.result
+        if why := self.runner.unavailable(self.cand.kernel):  # it failed to load or hung once: reported there
+            self.result.skipped_reason = f"not run: {why}"
+            return self.result
         case = self.runner.share(to_device(cpu_case, self.device))  # before any identity is recorded
         prepared = None
         prep_snap = snapshot(tensors_in(case.prepare_args))

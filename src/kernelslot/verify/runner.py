@@ -33,6 +33,19 @@ class TensorMeta:
     offset: int
     dtype: str
 
+    def changes(self, after: "TensorMeta") -> str:
+        """What differs from ``after``, named ("data pointer 0x.. -> 0x.., stride (4, 1) -> (1, 4)"); '' if nothing."""
+        parts = []
+        if self.storage_ptr != after.storage_ptr or self.storage_nbytes != after.storage_nbytes:
+            parts.append(f"storage {self.storage_ptr:#x} ({self.storage_nbytes} B) -> {after.storage_ptr:#x} ({after.storage_nbytes} B)")
+        if self.data_ptr != after.data_ptr:
+            parts.append(f"data pointer {self.data_ptr:#x} -> {after.data_ptr:#x}")
+        for what, a, b in (("storage offset", self.offset, after.offset), ("shape", self.shape, after.shape),
+                           ("stride", self.stride, after.stride), ("dtype", self.dtype, after.dtype)):
+            if a != b:
+                parts.append(f"{what} {a} -> {b}")
+        return ", ".join(parts)
+
     @staticmethod
     def of(t: torch.Tensor) -> "TensorMeta":
         s = t.untyped_storage()

@@ -77,7 +77,7 @@ class Sandbox:
                    "--bind", scratch_dir, SCRATCH, "--chdir", SCRATCH,
                    "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                    *(["--unshare-net"] if net is None else []),
-                   "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "localhost"]
+                   "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--hostname", "localhost"]
             for path in visible:
                 cmd += ["--ro-bind", path, path]
             for dev in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri")):
@@ -116,9 +116,10 @@ class Sandbox:
 
 
 def neutral_env(box: Sandbox, scratch_dir: str) -> dict[str, str]:
-    """An environment that says nothing about the referee: PATH, locale, and the scratch as HOME/TMPDIR."""
+    """An environment that says nothing about the referee: the standard PATH, locale, the scratch as
+    HOME/TMPDIR, and the few settings a kernel legitimately reads (devices, thread counts, compiler)."""
     home = box.home(scratch_dir)
-    env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"), "HOME": home, "TMPDIR": home,
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": home, "TMPDIR": home,
            "LANG": os.environ.get("LANG", "C.UTF-8")}
     for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CC", "LD_LIBRARY_PATH"):
         if name in os.environ:

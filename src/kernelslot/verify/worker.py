@@ -276,6 +276,10 @@ class WorkerRunner(Runner):
             self._discard()
         if self._proc is not None and self._proc.source not in (None, where):
             self._discard(failed=False)
+            if self._spare is not None:  # it lived beside the other source's code, which could signal it
+                self._spare.kill()
+                self._live.remove(self._spare)
+                self._spare = None
         if self._spare is not None and not self._spare.zygote.alive():
             self._spare = None
         if self._proc is None:

@@ -62,7 +62,8 @@ class Zygote:
         self.box, self.scratch, self.visible = box, scratch, frozenset(visible)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(log_path, "ab") as log:
-            self.process = box.popen([sys.executable, "-"], scratch_dir=scratch, pass_fds=(theirs.fileno(),),
+            # the interpreter by its real path (a venv's path may name the project); sys.path comes with the bootstrap
+            self.process = box.popen([os.path.realpath(sys.executable), "-"], scratch_dir=scratch, pass_fds=(theirs.fileno(),),
                                      stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, visible=sorted(visible))
         try:
             self.process.stdin.write(bootstrap(theirs.fileno(), box.mode, scratch, sorted(visible)).encode())
