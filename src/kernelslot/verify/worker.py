@@ -295,9 +295,10 @@ class WorkerRunner(Runner):
 
     def _show(self, source: KernelSource) -> None:
         """A source file under ``/tmp`` is hidden by the sandbox's private ``/tmp``: restart it showing the file's directory."""
-        if not source.file or not self.sandbox.isolated:
+        where = source.file or (source.sealed.rsplit("@", 1)[0] if source.sealed else None)
+        if not where or not self.sandbox.isolated:
             return
-        path = os.path.realpath(source.file)
+        path = os.path.realpath(where)
         parent = os.path.dirname(path)
         tmp = os.path.realpath(tempfile.gettempdir())
         if not (parent + "/").startswith(("/tmp/", tmp + "/")) or any((parent + "/").startswith(v + "/") for v in self._visible):
