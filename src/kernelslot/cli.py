@@ -222,8 +222,18 @@ def _make_runner(args: argparse.Namespace, bundle: object | None):
     """Bundles run isolated in a worker process by default; built-in kernels are trusted code."""
     from kernelslot.verify.worker import make_runner
 
-    isolate = args.isolate if args.isolate is not None else bundle is not None
-    return make_runner(isolate, args.timeout, device=args.device)
+    from kernelslot.verify.sandbox import SandboxUnavailable
+
+    isolate = args.isolate if args.isolate is not None else (bundle is not None or args.require_sandbox)
+    if args.require_sandbox and not isolate:
+        raise UsageError("--require-sandbox and --in-process contradict each other: in-process candidate code is not sandboxed")
+    if args.memory_limit < 0:
+        raise UsageError(f"--memory-limit must be >= 0 GiB (0: no cap), got {args.memory_limit}")
+    try:
+        return make_runner(isolate, args.timeout, device=args.device, memory_limit_gib=args.memory_limit or None,
+                           sandbox=args.sandbox, require_sandbox=args.require_sandbox)
+    except SandboxUnavailable as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _direct_not_run(bundle: object | None, device: str) -> str | None:
@@ -257,13 +267,18 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         return EXIT_NOT_RUN
     opts = _options(args, targets)
     runner = _make_runner(args, bundle)
+    from kernelslot.verify.integrity import receipt_fields
+
+    receipt = receipt_fields(runner)
+    if not args.quiet:
+        print(f"sandbox: {receipt['sandbox_detail']}; referee sha256 {str(receipt['referee_sha256'])[:16]}", file=sys.stderr)
     store = run_id = None
     if args.store:
         from kernelslot.store import ResultStore
 
         store = ResultStore(args.store)
         run_id = store.start_run(_command_line(), args.device, runner.name, getattr(bundle, "bundle_id", None),
-                                 getattr(bundle, "content_hash", None), seeds=opts.seeds)
+                                 getattr(bundle, "content_hash", None), seeds=opts.seeds, **receipt)
     reports, slots = [], []
     started = time.perf_counter()
     console = _console()
@@ -289,13 +304,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         not_run = [r for r in reports if r.status == "not run"]
         passed = complete and not failed and len(not_run) < len(reports)
         verdict = ("pass" if passed else "fail" if failed or not reports else "not run") if complete else "interrupted"
+        receipt = {**receipt, **receipt_fields(runner)}  # the native library may have been loaded meanwhile
         if store:
             store.finish_run(run_id, verdict)
             store.close()
         if json_path or html_path:  # written even for an interrupted run: every completed slot is kept
             payload = build_payload(slots, passed=passed, elapsed_s=elapsed, device=args.device, runner=runner.name,
                                     seeds=list(opts.seeds), command=_command_line(), timed=args.time,
-                                    bundle={"id": bundle.bundle_id, "sha256": bundle.content_hash} if bundle else None)
+                                    bundle={"id": bundle.bundle_id, "sha256": bundle.content_hash} if bundle else None,
+                                    **receipt)
             payload["status"] = verdict
             if json_path:
                 write_text(json_path, json.dumps(payload, indent=2, default=str))
@@ -398,6 +415,13 @@ def build_parser() -> argparse.ArgumentParser:
     iso.add_argument("--in-process", dest="isolate", action="store_false",
                      help="run candidate code in this process (debuggable; default for built-ins)")
     v.add_argument("--timeout", type=float, default=30.0, help="per-call deadline in seconds (worker and collective ranks)")
+    v.add_argument("--sandbox", choices=("auto", "bwrap", "unshare", "none"), default=None,
+                   help="sandbox for candidate code (default auto: bubblewrap, else unshare, else none with a warning; "
+                        "or $KERNELSLOT_SANDBOX)")
+    v.add_argument("--require-sandbox", action="store_true",
+                   help="refuse to run candidate code without a sandbox (exit 2) instead of warning")
+    v.add_argument("--memory-limit", type=float, default=4.0, metavar="GIB",
+                   help="resident-memory cap per worker, in GiB (default 4; 0: no cap); untouched reservations do not count")
     v.add_argument("--world-size", type=int, action="append", help="collective world size (repeatable; default 2)")
     v.add_argument("--json", metavar="FILE", help="write the full report as JSON (docs/report-schema.md)")
     v.add_argument("--html", metavar="FILE", help="write the report as one self-contained HTML page")

@@ -55,7 +55,7 @@ def test_honest_builtin_same_verdicts_under_both_runners(slot):
         assert worker.restarts == 0
     local = verify_slot(defn, Candidate(defn.incumbent), opts, runner=InProcessRunner())
     assert isolated.passed and local.passed
-    assert isolated.runner == "worker"
+    assert isolated.runner.startswith("worker/")  # worker/<sandbox mode>
     assert _verdicts(isolated) == _verdicts(local)
 
 

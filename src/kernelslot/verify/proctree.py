@@ -35,18 +35,17 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _tasks(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+
+
 def children(pid: int) -> list[int]:
     """Direct children of ``pid`` (of every one of its threads)."""
-    return _children(pid)
-
-
-def _children(pid: int) -> list[int]:
     kids: list[int] = []
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tids:
+    for tid in _tasks(pid):
         text = _read(f"/proc/{pid}/task/{tid}/children")
         if text:
             kids.extend(int(c) for c in text.split())
@@ -77,7 +76,7 @@ def _process(pid: int, ppid: int, with_ns: bool) -> Process | None:
 def descendants(roots: list[int], skip: set[int] = frozenset(), with_ns: bool = False) -> list[Process]:
     """The processes below ``roots`` (not the roots), not descending into ``skip``; pre-order."""
     out: list[Process] = []
-    stack = [(c, r) for r in reversed(roots) for c in reversed(_children(r)) if c not in skip]
+    stack = [(c, r) for r in reversed(roots) for c in reversed(children(r)) if c not in skip]
     seen: set[int] = set(roots)
     while stack:
         pid, ppid = stack.pop()
@@ -88,7 +87,7 @@ def descendants(roots: list[int], skip: set[int] = frozenset(), with_ns: bool = 
         if proc is None:
             continue
         out.append(proc)
-        stack.extend((c, pid) for c in reversed(_children(pid)) if c not in skip)
+        stack.extend((c, pid) for c in reversed(children(pid)) if c not in skip)
     return out
 
 
@@ -118,11 +117,7 @@ def resident_bytes(pids: list[int], shared_allowance: int = 0) -> int:
 def thread_cpu_ns(pid: int) -> dict[int, tuple[int, str]]:
     """Per thread of ``pid``: CPU time used so far (ns) and its name."""
     out: dict[int, tuple[int, str]] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
+    for tid in _tasks(pid):
         sched = _read(f"/proc/{pid}/task/{tid}/schedstat")
         if sched:
             ns = int(sched.split()[0])

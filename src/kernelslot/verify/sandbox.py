@@ -124,6 +124,11 @@ def neutral_env(box: Sandbox, scratch_dir: str) -> dict[str, str]:
     for name in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "CC", "LD_LIBRARY_PATH"):
         if name in os.environ:
             env[name] = os.environ[name]
+    from kernelslot.kernels.native._build import _cache_root
+
+    cache = _cache_root()
+    if cache.parts[-2:] == ("kernelslot", "native"):  # the built-in kernels' library cache, read-only inside
+        env["XDG_CACHE_HOME"] = str(cache.parents[1])
     return env
 
 
@@ -179,7 +184,7 @@ def current(mode: str | None = None, *, require: bool = False) -> Sandbox:
     box = select(mode or os.environ.get("KERNELSLOT_SANDBOX") or "auto")
     if not box.isolated:
         if require:
-            raise SandboxUnavailable(f"no sandbox is available ({box.note or 'disabled'}); install bubblewrap "
+            raise SandboxUnavailable(f"no sandbox is available ({box.note or 'sandbox none was chosen'}); install bubblewrap "
                                      "(apt-get install bubblewrap) or allow unprivileged user namespaces")
         if not _warned:
             _warned = True

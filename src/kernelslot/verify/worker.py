@@ -121,6 +121,7 @@ class WorkerRunner(Runner):
                              cpu_s=int(max(3600, 20 * prepare_timeout_s)))
         self.settle_s, self.keep_spare = settle_s, keep_spare
         self.sandbox = sandbox if isinstance(sandbox, Sandbox) else current_sandbox(sandbox)
+        self.name = f"worker/{self.sandbox.mode}"  # the sandbox in force shows in every report header
         self._log_dir = tempfile.mkdtemp(prefix="kernelslot-worker-")
         self._scratch = tempfile.mkdtemp()  # the sandbox's /tmp: a neutral name
         self._watch = Watch(self.limits)
@@ -203,6 +204,9 @@ class WorkerRunner(Runner):
     def incumbent_runner(self) -> Runner:
         """A sibling runner for the incumbent, in a sandbox of its own, so a candidate cannot reach it."""
         if self._incumbent is None:
+            from kernelslot.kernels.native import _build
+
+            _build.loaded()  # built (and verified) here: inside its sandbox the cache is read-only
             self._incumbent = WorkerRunner(self.call_timeout_s, self.prepare_timeout_s, memory_limit_gib=None,
                                            settle_s=self.settle_s, start_timeout_s=self.start_timeout_s, keep_spare=False,
                                            sandbox=self.sandbox)

@@ -8,6 +8,12 @@ version, so an edit or a different compiler builds a fresh library. Each build h
 private temporary directory and the finished library is moved into place with an atomic
 rename, so concurrent processes never load a half-written file.
 
+Integrity: the build records the library's SHA-256 beside it (``libks_native.so.sha256``).
+Every load reads the library once, checks those bytes against the record, and loads exactly
+those bytes (from an anonymous memory file, so nothing can swap the file between the check and
+``dlopen``); a library that does not match its record, or has none, is rebuilt, never loaded.
+:func:`loaded_sha256` is the hash of what was loaded, for receipts.
+
 Environment: ``KERNELSLOT_NATIVE=0`` turns the fast path off; ``KERNELSLOT_NATIVE_ISA`` =
 ``portable`` | ``avx2`` | ``avx512`` | ``avx512bf16`` forces the default instruction set (it must be supported
 by the CPU). If anything fails the package keeps working on its torch paths and warns once.
@@ -43,6 +49,7 @@ class _Loaded:
     lib: ctypes.CDLL | None
     isa: str
     reason: str
+    sha256: str | None = None  # of the library bytes loaded
 
 
 _lock = threading.Lock()
@@ -74,7 +81,22 @@ def _objects(x86: bool) -> list[tuple[str, list[str]]]:
     return objs
 
 
-def _compile(cc: str) -> Path:
+_DIGEST = "libks_native.so.sha256"
+
+
+def _verified(target: Path) -> tuple[bytes, str] | None:
+    """The library's bytes and hash when they match the hash recorded at build time, else None."""
+    try:
+        data = target.read_bytes()
+        recorded = (target.parent / _DIGEST).read_text().strip()
+    except OSError:
+        return None
+    sha = hashlib.sha256(data).hexdigest()
+    return (data, sha) if sha == recorded else None
+
+
+def _compile(cc: str) -> tuple[bytes, str]:
+    """The verified library (bytes, sha256), built first when missing or not matching its record."""
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
     digest = hashlib.sha256()
@@ -83,8 +105,8 @@ def _compile(cc: str) -> Path:
     digest.update(repr((_COMMON, _objects(x86), version, platform.machine())).encode())
     target_dir = _cache_root() / digest.hexdigest()[:20]
     target = target_dir / "libks_native.so"
-    if target.exists():
-        return target
+    if target.exists() and (good := _verified(target)) is not None:
+        return good
     target_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target_dir, prefix="build-") as tmp:
         objs = []
@@ -100,8 +122,21 @@ def _compile(cc: str) -> Path:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if res.returncode != 0:
             raise RuntimeError(f"`{' '.join(cmd)}` failed:\n{res.stderr.strip()[-2000:]}")
+        data = Path(lib_tmp).read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        Path(tmp, _DIGEST).write_text(sha + "\n")
         os.replace(lib_tmp, target)  # atomic: a concurrent builder's identical file is fine
-    return target
+        os.replace(os.path.join(tmp, _DIGEST), target_dir / _DIGEST)
+    return data, sha
+
+
+def _dlopen(data: bytes) -> ctypes.CDLL:
+    """Load exactly ``data`` (a verified library) from an anonymous memory file."""
+    fd = os.memfd_create("libks_native.so", 0)  # kept open: the library stays mapped from it
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    return ctypes.CDLL(f"/proc/self/fd/{fd}")
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -129,7 +164,8 @@ def _load() -> _Loaded:
     if cc is None:
         return _Loaded(None, "none", "no C compiler found ($CC, gcc, cc)")
     try:
-        lib = ctypes.CDLL(str(_compile(cc)))
+        data, sha = _compile(cc)
+        lib = _dlopen(data)
         _declare(lib)
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         return _Loaded(None, "none", f"native build/load failed: {exc}")
@@ -140,7 +176,12 @@ def _load() -> _Loaded:
             return _Loaded(None, "none", f"KERNELSLOT_NATIVE_ISA={forced!r} is not one of the "
                            f"ISAs this CPU supports (best: {isa!r}; names: {ISA_NAMES})")
         isa = forced
-    return _Loaded(lib, isa, "ok")
+    return _Loaded(lib, isa, "ok", sha)
+
+
+def loaded_sha256() -> str | None:
+    """SHA-256 of the library this process loaded; None when it has not loaded one (nothing is built here)."""
+    return _state.sha256 if _state is not None else None
 
 
 def loaded() -> _Loaded:

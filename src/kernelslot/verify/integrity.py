@@ -1,0 +1,37 @@
+"""What a receipt says about the code that judged a run: the sandbox in force, a hash of the
+referee package as it is on disk, and a hash of the native library actually loaded.
+
+``referee_sha256`` covers every file of the installed ``kernelslot`` package except byte-code
+caches (relative path and contents, in sorted order), so a store can show that no run was
+served by a modified referee. ``native_sha256`` is the SHA-256 of the library bytes that were
+loaded (``kernels/native/_build.py`` verifies them against the hash recorded at build time
+before every load), or ``None`` when this run never loaded it.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+from pathlib import Path
+
+__all__ = ["referee_sha256", "receipt_fields"]
+
+_PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@functools.lru_cache(maxsize=1)
+def referee_sha256() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in _PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(_PACKAGE)).encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def receipt_fields(runner: object) -> dict[str, object]:
+    """Plain fields for a run's receipts (report JSON, store ``extra``)."""
+    from kernelslot.kernels.native import _build
+
+    box = getattr(runner, "sandbox", None)
+    return {"sandbox": box.mode if box is not None else "in-process",
+            "sandbox_detail": box.describe() if box is not None else "no isolation: candidate code ran in the referee",
+            "referee_sha256": referee_sha256(), "native_sha256": _build.loaded_sha256()}
