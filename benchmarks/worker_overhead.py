@@ -1,8 +1,10 @@
-"""Per-call overhead of the worker runner against the in-process runner.
+"""Per-call overhead of the worker runner, unsandboxed and in each sandbox, against in-process.
 
-Times the built-in ``activation.silu_and_mul`` kernel through both runners on the same shared
-tensors (median of 50 calls after 5 warm-ups, no settle delay, checked and unchecked calls),
-and prints the round trip, the time measured inside the worker, and the difference.
+Times the built-in ``activation.silu_and_mul`` kernel through every runner on the same shared
+tensors (median of 50 calls after 5 warm-ups, no settle delay, checked and unchecked calls;
+the runners are measured in turn, ``ROUNDS`` times interleaved, and the medians of the rounds
+reported), and prints the referee's round trip and the overhead over in-process. The worker
+figure includes everything the referee does per call (the process-tree check included).
 
     .venv/bin/python benchmarks/worker_overhead.py
 """
@@ -15,9 +17,10 @@ import torch
 from kernelslot.abi import OutputSpec, allocate_output
 from kernelslot.slots import get_slot
 from kernelslot.verify import InProcessRunner, Runner
+from kernelslot.verify.sandbox import SandboxUnavailable, select
 from kernelslot.verify.worker import WorkerRunner
 
-CALLS, WARMUP = 50, 5
+CALLS, WARMUP, ROUNDS = 50, 5, 3
 
 
 def measure(runner: Runner, shape: tuple[int, int], check: bool) -> tuple[float, float | None]:
@@ -39,14 +42,27 @@ def measure(runner: Runner, shape: tuple[int, int], check: bool) -> tuple[float,
 
 
 def main() -> None:
-    in_process = InProcessRunner()
-    with WorkerRunner(settle_s=0.0) as worker:
+    runners: dict[str, Runner] = {"in-process": InProcessRunner()}
+    for mode in ("none", "unshare", "bwrap"):
+        try:
+            select(mode)
+        except SandboxUnavailable:
+            continue
+        runners[f"worker/{mode}"] = WorkerRunner(settle_s=0.0, sandbox=mode)
+    try:
         for shape in ((1, 64), (16, 1024)):
             for check in (False, True):
-                a, _ = measure(in_process, shape, check)
-                b, inner = measure(worker, shape, check)
-                print(f"out {shape} checked={check}: in-process {a * 1e6:7.1f} us | worker round trip {b * 1e6:7.1f} us "
-                      f"(in-worker {inner * 1e6:6.1f} us) | overhead {(b - a) * 1e6:7.1f} us")
+                rounds: dict[str, list[float]] = {name: [] for name in runners}
+                for _ in range(ROUNDS):
+                    for name, runner in runners.items():
+                        rounds[name].append(measure(runner, shape, check)[0])
+                base = statistics.median(rounds["in-process"])
+                cells = [f"{name} {statistics.median(v) * 1e6:7.1f} us (+{(statistics.median(v) - base) * 1e6:6.1f})"
+                         for name, v in rounds.items()]
+                print(f"out {shape} checked={check}: " + " | ".join(cells))
+    finally:
+        for runner in runners.values():
+            runner.close()
 
 
 if __name__ == "__main__":

@@ -199,6 +199,20 @@ def test_import_side_effects_stay_in_the_worker_and_import_errors_are_named(tmp_
     assert raised.status == "fail" and "[load_failed]" in raised.message.splitlines()[0] and "boom at import" in raised.message
 
 
+def test_a_hang_at_import_costs_one_timeout_and_the_rest_is_not_run(tmp_path):
+    path = tmp_path / "hangs.py"
+    path.write_text("import time\ntime.sleep(600)\n\ndef entry(x, out):\n    pass\n")
+    cand = Candidate(Kernel(None, None, source=KernelSource(entry="entry", file=str(path))))
+    with WorkerRunner(call_timeout_s=5.0, prepare_timeout_s=3.0) as worker:
+        start = time.perf_counter()
+        report = verify_slot(get_slot("activation.silu_and_mul"), cand, VerifyOptions(dtypes=(torch.float32,)), runner=worker)
+        elapsed = time.perf_counter() - start
+    first, rest = report.results[0], report.results[1:]
+    assert "[timeout]" in first.check("raised").message and "importing the candidate" in first.check("raised").message
+    assert rest and all(r.skipped_reason.startswith("not run: the candidate failed to load") for r in rest)
+    assert not report.passed and elapsed < 3.0 + 60  # one import deadline, not one per profile
+
+
 def test_make_runner():
     assert isinstance(make_runner(False, 5.0), InProcessRunner)
     r = make_runner(True, 5.0)
