@@ -93,7 +93,7 @@ def test_every_isolation_cheat_fails_and_the_referee_survives(runner):
                  if any(c.name == "raised" and c.message.split("]")[0].lstrip("[") in RESTART_CAUSES for c in rep.results[0].failures())]
     assert len(contained) >= 8, contained  # crash, exit, timeout, memory, busy thread, processes left, late writes
     assert runner.restarts == len(contained)  # each contained failure replaced the worker, nothing else did
-    assert elapsed < 60
+    assert elapsed < 300  # generous: a loaded machine; what matters is one deadline per hang, not per profile
 
 
 @pytest.mark.parametrize("name", WORKER_REPORTED)
