@@ -240,9 +240,24 @@ def _lock_filesystem(scratch_dir: str, visible: Sequence[str]) -> None:
     os.chdir(SCRATCH)
 
 
+def _drop_capabilities() -> None:
+    """unshare mode: give up the capabilities the user namespace granted (bwrap does this itself), so
+    no process of the sandbox can open another's /proc/PID/mem or remount anything."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(64):
+        if libc.prctl(24, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # PR_CAPBSET_DROP; EINVAL past the last cap
+            break
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2 words: all empty
+    if libc.capset(header, data) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"capset: {os.strerror(err)}")
+
+
 def confine(mode: str, scratch_dir: str, visible: Sequence[str] = ()) -> None:
     """Called first thing in a sandboxed process, before candidate code: finish what its launcher could not."""
     if mode == "unshare":
         _lock_filesystem(scratch_dir, visible)
+        _drop_capabilities()
     if mode != "bwrap":  # bubblewrap loaded the filter before exec
         seccomp.install()
