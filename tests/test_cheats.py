@@ -31,8 +31,9 @@ def test_cheat_fails_with_named_check(name):
     kernel = Kernel(mod.entry, getattr(mod, "prepare", None), name=f"cheat.{name}")
     # a cheat may declare the domain and model a bundle would (to dodge profiles outside them)
     domain = CapabilityDomain.from_mapping(getattr(mod, "DOMAIN", {}))
+    # OPTIONS: VerifyOptions fields the cheat needs (e.g. time=True, a bundle's extra_mean, a pinned plan_seed)
     opts = dataclasses.replace(OPTS, model=getattr(mod, "MODEL", None),
-                               dtypes=None if hasattr(mod, "DOMAIN") else OPTS.dtypes)
+                               dtypes=None if hasattr(mod, "DOMAIN") else OPTS.dtypes, **getattr(mod, "OPTIONS", {}))
     report = verify_slot(defn, Candidate(kernel, domain, model=getattr(mod, "MODEL", None)), opts)
     assert not report.passed, f"cheat {name} passed the referee"
     caught = report.failed_checks()

@@ -189,7 +189,8 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
     return VerifyOptions(device=args.device, dtypes=dtypes, seeds=seeds, replays=args.replays,
                          profiles=tuple(args.profile) if args.profile else None, model=args.model, time=args.time,
                          world_sizes=tuple(args.world_size) if args.world_size else VerifyOptions.world_sizes,
-                         collective_timeout_s=args.timeout, extra_replays=2 if untrusted else 0)
+                         collective_timeout_s=args.timeout, extra_mean=2.0 if untrusted else 0.25,
+                         envelope=untrusted)
 
 
 def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Any]]], object | None]:
@@ -407,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--random-seeds", action="store_true",
                    help="draw the first seed at random (inputs no candidate can anticipate); it is printed")
     v.add_argument("--replays", type=int, default=3,
-                   help="fresh-input replays per profile (>= 2; a bundle gets up to 2 more, drawn at random)")
+                   help="base fresh-input replays per profile (>= 2); a geometric number more is drawn at random "
+                        "(mean 0.25, a bundle's 2)")
     v.add_argument("--time", action="store_true", help="time candidate and incumbent side by side")
     iso = v.add_mutually_exclusive_group()
     iso.add_argument("--isolate", dest="isolate", action="store_true", default=None,

@@ -1,12 +1,16 @@
 """The referee's own mechanics: allocation, poisoning, replay, routing by domain."""
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kernelslot.abi import CapabilityDomain, OutputSpec, allocate_output
 from kernelslot.abi.tensor_spec import FINITE_POISON
 from kernelslot.slots import Candidate, Kernel, get_slot
 from kernelslot.verify import VerifyOptions, verify_slot
+from kernelslot.verify.pipeline import planner_for
+from kernelslot.verify.plan import Planner, refill_inputs
 
 F32 = VerifyOptions(dtypes=(torch.float32,))
 seen: list[dict] = []
@@ -35,14 +39,52 @@ def spy(x, out):
 def test_every_call_sees_poison_and_fresh_inputs_at_stable_addresses():
     seen.clear()
     defn = get_slot("activation.silu_and_mul")
-    report = verify_slot(defn, Candidate(Kernel(spy, name="spy")), VerifyOptions(dtypes=(torch.float32,), profiles=("decode_batch",), replays=3))
+    opts = VerifyOptions(dtypes=(torch.float32,), profiles=("decode_batch",), replays=3, extra_mean=0.0, plan_seed=1)
+    plan = planner_for(opts).plan()
+    report = verify_slot(defn, Candidate(Kernel(spy, name="spy")), opts)
     assert report.passed
-    # first call + 3 replays (full, tail, head refills) + one engine-like call with plain outputs
-    assert len(seen) == 5 and all(s["nan"] for s in seen[:4])  # poisoned before the eager call too
-    assert [s["finite"] for s in seen] == [False, True, False, False, True]  # a finite sentinel, then random fill
-    assert not seen[4]["nan"] and seen[4]["contiguous"]
+    # first call + 3 replays (tail, head, row-or-cells refills) + one engine-like call with plain outputs
+    assert len(seen) == len(plan.calls) == 5
+    plain = [c.plain for c in plan.calls].index(True)
+    assert plain > 1 and seen[plain]["contiguous"] and not seen[plain]["nan"]  # random fill, somewhere after replay 1
+    padded = [s for i, s in enumerate(seen) if i != plain]
+    assert all(s["nan"] for s in padded)  # poisoned before the eager call too
+    assert [s["finite"] for s in padded] == [False, True, False, False]  # the first replay: finite sentinel
     assert len({s["ptr"] for s in seen}) == 1  # same input storage across replays
-    assert len({s["x0"] for s in seen}) >= 4  # fresh values (the head refill keeps the tail cell)
+    assert len({s["x0"] for s in seen}) >= 3  # fresh values (partial refills may keep the last cell)
+
+
+def test_call_plan_draws_an_unbounded_number_of_calls_and_interleaves_profiles():
+    counts = [len(Planner(3, 1.0, plan_seed=s).plan().calls) for s in range(400)]
+    assert min(counts) == 5 and max(counts) > 9  # geometric: P(extra >= k) = 2^-k at mean 1
+    assert abs(sum(c > 5 for c in counts) / len(counts) - 0.5) < 0.1
+    order: list[str] = []
+
+    def logger(x, out):
+        order.append(f"{x.shape}")
+        spy(x, out)
+
+    verify_slot(get_slot("activation.silu_and_mul"), Candidate(Kernel(logger, name="logger")),
+                VerifyOptions(dtypes=(torch.float32,), plan_seed=3))
+    firsts = {s: order.index(s) for s in order}
+    lasts = {s: len(order) - 1 - order[::-1].index(s) for s in order}
+    assert any(firsts[a] < lasts[b] and firsts[b] < lasts[a] for a in firsts for b in firsts if a != b)  # not profile after profile
+
+
+def test_sparse_refills_change_one_row_or_a_few_cells_of_one_input():
+    prev = {"a": torch.arange(30.0).view(6, 5), "b": torch.arange(4.0) + 100,
+            "ids": torch.zeros(3, dtype=torch.int64)}
+    rows = set()
+    for pick in range(40):
+        row = refill_inputs(prev, "row", pick)
+        changed = {n: (row[n] != prev[n]) for n in prev}
+        assert not changed["ids"].any() and sum(bool(c.any()) for c in changed.values()) <= 1
+        if changed["a"].any():
+            rows.add(tuple(changed["a"].any(1).nonzero().flatten().tolist()))  # one row, values from `a` itself
+            assert set(row["a"].flatten().tolist()) <= set(prev["a"].flatten().tolist())
+        cells = refill_inputs(prev, "cells", pick)
+        assert sum(int((cells[n] != prev[n]).sum()) for n in prev) <= 3
+    assert len(rows) > 3 and all(len(r) == 1 for r in rows)
 
 
 def test_profiles_outside_the_domain_are_skipped_and_unexercised_domains_fail():
@@ -79,3 +121,67 @@ def test_json_report_roundtrip(tmp_path):
 
     rows = sqlite3.connect(tmp_path / "r.db").execute("select count(*), min(status) from results").fetchone()
     assert rows[0] == len(data["slots"][0]["results"]) and rows[1] == "pass"
+
+
+def test_envelope_boundaries_run_and_are_recorded_and_clipped():
+    defn = get_slot("norm.rmsnorm")
+    opts = VerifyOptions(dtypes=(torch.float32,), envelope=True, plan_seed=0)
+    report = verify_slot(defn, Candidate(defn.incumbent), opts)
+    assert report.passed
+    env = report.envelope[defn.incumbent.name]
+    assert env["num_tokens"] == [1, 64] and env["hidden_size"][1] == 4096  # twice the largest profiled value
+    assert any("@num_tokens=64" in r.profile for r in report.results)
+    bounded = Candidate(defn.incumbent, CapabilityDomain.from_mapping({"num_tokens": {"range": [1, 10**9]}}))
+    clipped = verify_slot(defn, bounded, dataclasses.replace(opts, envelope_max_bytes=4 << 20))
+    assert clipped.passed and "verified only to" in " ".join(clipped.notes)
+    top = clipped.envelope[defn.incumbent.name]["num_tokens"][1]
+    assert 32 < top < 10**9
+
+
+def test_router_routes_only_inside_the_verified_envelope_and_shadow_checks():
+    from kernelslot.abi import CallDescriptor
+    from kernelslot.dispatch import SlotRouter
+    from kernelslot.verify.envelope import envelope_domain
+
+    defn = get_slot("norm.rmsnorm")
+    cand = Candidate(defn.incumbent, label="variant")
+    router = SlotRouter(defn, [cand], verified={"variant": envelope_domain({"num_tokens": [1, 64]})})
+    assert router.route(CallDescriptor(num_tokens=64)) == "variant"
+    assert router.route(CallDescriptor(num_tokens=65)) == "incumbent"
+    # shadow checks: an honest variant is sampled and kept; one that is wrong in serving is disabled
+    x, w = torch.randn(4, 128), torch.ones(128)
+    out = torch.empty(4, 128)
+    honest = SlotRouter(defn, [cand], shadow_rate=1.0)
+    honest(CallDescriptor(num_tokens=4), x, w, out, 1e-6)
+    assert honest.receipts["variant"].shadowed == 1 and honest.receipts["variant"].shadow_mismatch == 0
+
+    liar = SlotRouter(defn, [Candidate(Kernel(_zeros_in_serving, name="liar"), label="liar")], shadow_rate=1.0)
+    liar(CallDescriptor(num_tokens=4), x, w, out, 1e-6)
+    assert liar.receipts["liar"].shadow_mismatch == 1 and "liar" in liar.disabled
+    assert torch.allclose(out, x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6))  # the incumbent's answer
+    assert liar.route(CallDescriptor(num_tokens=4)) == "incumbent"
+
+
+def _zeros_in_serving(x, weight, out, eps):
+    out.zero_()
+
+
+def _bad_prepare(kind, layer):
+    raise ValueError("layout not supported")
+
+
+def _never_called(*args):
+    raise AssertionError("entry must not run after prepare failed")
+
+
+def test_prepare_failure_names_type_message_and_frame_and_unrun_checks_are_skipped():
+    from kernelslot.verify.render import render_slot
+
+    defn = get_slot("moe.block_tkg")
+    report = verify_slot(defn, Candidate(Kernel(_never_called, _bad_prepare, name="bad")),
+                         VerifyOptions(dtypes=(torch.float32,), profiles=("t1_selective_dense",)))
+    table = render_slot(report, defn.describe_comparator())
+    assert "ValueError: layout not supported (at test_pipeline.py:" in table and "in _bad_prepare" in table
+    r = report.results[0]
+    assert {c.name: c.status for c in r.checks}["poison_left"] == "skip"  # never "pass" for a check not made
+    assert all(c.status != "pass" for c in r.checks)

@@ -21,7 +21,7 @@ CHEATS_DIR = Path(__file__).resolve().parents[1] / "cheats"
 ISOLATION = sorted(p.stem for p in CHEATS_DIR.glob("isolation_*.py"))
 # Generic cheats whose checks depend on what the worker reports (identity, retention, return value).
 WORKER_REPORTED = ("alias_output_into_input", "swaps_output_storage", "retains_tensor", "returns_new_tensor", "input_mutation",
-                   "rebinds_input")
+                   "rebinds_input", "sniffs_shared_memory")
 HONEST_DIR = Path(__file__).resolve().parent / "honest_kernels"
 HONEST = sorted(p.stem for p in HONEST_DIR.glob("*.py") if p.stem != "__init__")
 ONE_PROFILE = VerifyOptions(dtypes=(torch.float32,), profiles=("decode_batch",))

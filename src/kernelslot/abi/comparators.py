@@ -3,14 +3,15 @@
 Thresholds belong to the slot, never to the bundle. Default elementwise tolerances by the
 *output* dtype: float32 1e-5, float16 1e-2, bfloat16 2e-2 (atol = rtol).
 A cell matches when ``|a - e| <= atol + rtol·|e|``; NaN never matches, and matching
-infinities of the same sign do. A NaN in the *reference* marks a don't-care cell (a slot's
-reference uses it where the contract leaves the result open, e.g. a token whose routing is a
-near-tie); it is excluded from every comparator.
+infinities of the same sign do. There are no don't-care cells: where the contract leaves a
+result open (a routing or selection tie within the dtype path's rounding), the slot's reference
+returns an :class:`Admissible` set, and the candidate is judged against the admissible answer
+nearest to its own (:func:`resolve_expected`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -35,6 +36,58 @@ class Verdict:
         return f"{text}; {self.detail}" if self.detail else text
 
 
+class Admissible(Protocol):
+    """A reference that admits several answers (ties); ``resolve`` picks the one nearest ``actual``."""
+
+    def resolve(self, actual: torch.Tensor) -> torch.Tensor: ...
+
+
+def resolve_expected(expected: Any, actual: torch.Tensor) -> torch.Tensor:
+    """The tensor to judge ``actual`` against: ``expected`` itself, or its admissible answer nearest ``actual``."""
+    return expected.resolve(actual) if hasattr(expected, "resolve") else expected
+
+
+@dataclass(frozen=True)
+class AnyOfRows:
+    """Each row (last dimension) must match the same row of one of ``choices`` (``(A, *shape)``).
+
+    The row nearest to the candidate's (smallest max-abs error, NaN counted as infinite) is chosen;
+    the slot's comparator then judges the assembled reference as usual.
+    """
+
+    choices: torch.Tensor
+
+    def resolve(self, actual: torch.Tensor) -> torch.Tensor:
+        err = (actual.double().unsqueeze(0) - self.choices.double()).abs().nan_to_num(nan=float("inf"))
+        best = err.amax(-1).argmin(0)  # (*rows)
+        return self.choices.gather(0, best.unsqueeze(0).unsqueeze(-1).expand(1, *self.choices.shape[1:]))[0]
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """Half the machine epsilon of ``dtype``: the relative error of one rounding to it."""
+    return torch.finfo(dtype).eps / 2 if dtype.is_floating_point else 0.0
+
+
+def tie_partition(values: torch.Tensor, band: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which cells of each row (last dimension) of ``values`` an honest top-``k`` selection may pick.
+
+    ``band`` is each value's rounding error. Exact ties keep the contract's order (lower index
+    first); unequal values whose intervals ``[v - band, v + band]`` overlap may come out in either
+    order. Returns boolean masks ``(sure, tied)``: every admissible selection of a row is its
+    ``sure`` cells plus ``k - sure.sum()`` of its ``tied`` cells.
+    """
+    v, b = values.double(), band.double()
+    vj, vi, bj, bi = v.unsqueeze(-1), v.unsqueeze(-2), b.unsqueeze(-1), b.unsqueeze(-2)  # [..., j, i]
+    n = v.shape[-1]
+    idx = torch.arange(n)
+    same = (vj == vi) & (idx.view(-1, 1) < idx.view(1, -1))  # j precedes i in an exact tie
+    can_beat = same | ((vj != vi) & (vj + bj > vi - bi))
+    surely_beats = same | ((vj != vi) & (vj - bj > vi + bi))
+    can_lose = can_beat.sum(-2) >= k
+    can_win = surely_beats.sum(-2) < k
+    return can_win & ~can_lose, can_win & can_lose
+
+
 class Comparator(Protocol):
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict: ...
 
@@ -42,32 +95,29 @@ class Comparator(Protocol):
 
 
 def row_rms(expected: torch.Tensor) -> torch.Tensor:
-    """RMS of each row (last dimension) of the reference, NaN (don't-care) and inf cells ignored."""
+    """RMS of each row (last dimension) of the reference, inf cells ignored."""
     e = expected.double().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
     return e.square().mean(-1, keepdim=True).sqrt() if e.dim() else e.abs()
 
 
 def _matched(actual: torch.Tensor, expected: torch.Tensor, atol: float | torch.Tensor, rtol: float) -> torch.Tensor:
-    """Cells within ``atol + rtol·|e|``; a NaN in the *reference* marks a don't-care cell (matched)."""
+    """Cells within ``atol + rtol·|e|`` (NaN on either side never matches)."""
     a = actual.double()
     e = expected.double()
     close = (a - e).abs() <= atol + rtol * e.abs()
     same_inf = torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))
-    return ((close | same_inf) & ~torch.isnan(a)) | torch.isnan(e)
+    return (close | same_inf) & ~torch.isnan(a)
 
 
 def _matched_ratio(actual: torch.Tensor, expected: torch.Tensor, atol: float | None, rtol: float | None,
                    row_scaled_atol: bool = False) -> tuple[torch.Tensor, float]:
-    """The per-cell match mask at the given (or the dtype's default) tolerances, and the matched
-    fraction of the cells the reference cares about (NaN in the reference = don't care)."""
+    """The per-cell match mask at the given (or the dtype's default) tolerances, and the matched fraction."""
     tol = default_tol(actual.dtype)
     atol_t: float | torch.Tensor = tol if atol is None else atol
     if row_scaled_atol:
         atol_t = atol_t * row_rms(expected).clamp(min=1.0)
     m = _matched(actual, expected, atol_t, tol if rtol is None else rtol)
-    care = ~torch.isnan(expected)
-    n = int(care.sum())
-    return m, float(m[care].double().mean()) if n else 1.0
+    return m, float(m.double().mean()) if m.numel() else 1.0
 
 
 def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) -> str:
@@ -75,7 +125,7 @@ def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) 
     if bad.numel() == 0:
         return ""
     idx = tuple(bad[0].tolist())
-    err = (actual.double() - expected.double()).abs()[~torch.isnan(expected)]  # don't-care cells excluded
+    err = (actual.double() - expected.double()).abs()
     err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
     return (
         f"{int((~matched).sum())} of {matched.numel()} cells differ; first at {list(idx)}: "
@@ -132,7 +182,7 @@ class MatchedRatio:
         rms = row_rms(expected)
         bound = self.outlier_factor * (atol + rtol * rms)
         err = (a - e).abs()
-        ignore = (torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))) | torch.isnan(e)  # don't-care
+        ignore = torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))
         err = torch.where(ignore, torch.zeros_like(err), err)
         bad = ~(err <= bound)  # NaN errors count as gross
         if not bad.any():
@@ -158,9 +208,8 @@ class Cosine:
     max_rel_norm_err: float = 0.05
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        care = ~torch.isnan(expected.flatten())  # NaN in the reference = don't care
-        a = actual.double().flatten()[care]
-        e = expected.double().flatten()[care]
+        a = actual.double().flatten()
+        e = expected.double().flatten()
         if not torch.isfinite(a).all():
             return Verdict(False, "cosine", float("nan"), self.min_cos, "output holds NaN or inf")
         na, ne = a.norm(), e.norm()
@@ -232,8 +281,6 @@ class TopKOverlap:
     def _rows_indices(self, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         out = []
         for ra, re in zip(a.tolist(), e.tolist()):
-            if any(v != v for v in re):  # NaN in the reference row: don't care
-                continue
             sa = {v for v in ra if v != -1}
             se = {v for v in re if v != -1}
             out.append(len(sa & se) / max(len(sa), len(se)) if sa or se else 1.0)

@@ -60,5 +60,6 @@ SLOTS = (
         incumbent=INCUMBENT,
         builtins=(Candidate(INCUMBENT, graph_safe=True),),
         describe=_describe,
+        sizes=(("hidden_size", "d"),),
     ),
 )

@@ -174,6 +174,8 @@ class SlotDef:
     notes: str = ""
     # The built-in kernels as routed variants (e.g. one per model activation); default: the incumbent alone.
     builtins: tuple["Candidate", ...] = ()
+    # CallDescriptor field -> the profile dimension that sets it alone (verify/envelope.py boundary profiles)
+    sizes: tuple[tuple[str, str], ...] = ()
 
     def builtin_candidates(self) -> tuple["Candidate", ...]:
         return self.builtins or (Candidate(self.incumbent),)

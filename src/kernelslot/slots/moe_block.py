@@ -10,7 +10,9 @@
   routing per the block config; ``out = routed_scaling_factor·Σ_routed coef·expert(h) + shared(h)``
   with ``coef`` = affinity (POST_SCALE) or 1 (NO_SCALE) over each token's routed set of this
   rank's experts. MX experts quantise the expert input and the intermediate to MXFP8 E4M3.
-- Comparator: matched_ratio ≥ 0.97 on every output, default tolerances by output dtype.
+- Comparator: matched_ratio ≥ 0.97 on every output, default tolerances by output dtype. A token
+  whose routing is a tie within the router path's rounding error must match the reference under
+  one of its admissible routings (:func:`moe_block_reference` with ``admissible=True``).
 
 The trusted reference below is written independently of ``kernelslot.kernels``: it dequantises
 with :mod:`kernelslot.formats`, runs every local expert on every token at once and combines them
@@ -18,14 +20,15 @@ with a dense coefficient sheet.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
 
 from kernelslot.abi import Arg, CallDescriptor, Cosine, MatchedRatio, Role, Slot, SlotKind
-from kernelslot.abi.comparators import default_tol
+from kernelslot.abi.comparators import AnyOfRows, tie_partition, unit_roundoff
 from kernelslot.formats.elements import to_e4m3
 from kernelslot.formats.mx import dequantize_mx, quantize_mx
 from kernelslot.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
@@ -158,9 +161,15 @@ def _all_experts_on_all_tokens(w: ExpertWeights, h: torch.Tensor, act: ExpertAct
 
 
 def moe_block_reference(
-    x: torch.Tensor, residual: Optional[torch.Tensor], layer: MoeBlockLayer, eps: float
-) -> dict[str, torch.Tensor]:
-    """fp32 ``out``, ``out_residual`` (when residual is given) and ``router_logits``."""
+    x: torch.Tensor, residual: Optional[torch.Tensor], layer: MoeBlockLayer, eps: float, admissible: bool = False
+) -> dict[str, Any]:
+    """fp32 ``out``, ``out_residual`` (when residual is given) and ``router_logits``.
+
+    ``out`` follows the contract's tie rule (lower expert index first). With ``admissible``, ``out``
+    is an :class:`AnyOfRows` instead: a token whose routing is a tie within the rounding error of
+    the I/O dtype's router path (:func:`routing_band`) may take any admissible routing among the
+    tied experts, and its row must equal the reference under one of them.
+    """
     cfg = layer.config
     s = x if residual is None else (x.double() + residual.double()).to(x.dtype)
     sd = s.double()
@@ -171,42 +180,82 @@ def moe_block_reference(
     act = torch.sigmoid if cfg.router_activation == "sigmoid" else (lambda v: torch.softmax(v, dim=-1))
     scores = act(logits) if cfg.router_pre_norm else logits
     select = scores if layer.correction_bias is None else scores + layer.correction_bias.double()
-    # Lower expert index wins ties: order by (-score, index).
-    order = torch.argsort(-select, dim=-1, stable=True)[:, : cfg.top_k]
-    chosen = scores.gather(1, order)
-    if not cfg.router_pre_norm:
-        chosen = act(chosen)
-    if cfg.norm_topk_prob:
-        chosen = chosen / chosen.sum(-1, keepdim=True)
-    if cfg.scaling is ScalingMode.NO_SCALE:
-        chosen = torch.ones_like(chosen)
-    coef = torch.zeros_like(logits).scatter_(1, order, chosen)  # (T, E) global
-    lo = cfg.rank_id * cfg.num_local_experts
-    coef = coef[:, lo : lo + cfg.num_local_experts].float()
-    routed = torch.einsum("te,teh->th", coef, _all_experts_on_all_tokens(layer.experts, h, cfg.activation))
-    out = cfg.routed_scaling_factor * routed
+    dense = _all_experts_on_all_tokens(layer.experts, h, cfg.activation)  # (T, E_L, H)
+    shared = None
     if layer.shared is not None:
-        sh = _all_experts_on_all_tokens(layer.shared.weights, h, layer.shared.activation)[:, 0]
+        shared = _all_experts_on_all_tokens(layer.shared.weights, h, layer.shared.activation)[:, 0]
         if layer.shared.gate is not None:
-            sh = sh * torch.sigmoid(h @ layer.shared.gate.float()).unsqueeze(1)
-        out = out + sh
-    # Tokens whose K-th and (K+1)-th selection scores are closer than the I/O dtype's rounding of the
-    # router can honestly route either way (a bf16 router GEMM flips them): their `out` row is don't-care.
-    if cfg.top_k < select.shape[1]:
-        ranked = select.sort(dim=-1, descending=True).values
-        gap = ranked[:, cfg.top_k - 1] - ranked[:, cfg.top_k]
-        slope = 0.25 if cfg.router_pre_norm else 1.0  # |d score / d logit| is at most 1/4 for sigmoid and softmax
-        near_tie = gap <= default_tol(x.dtype) * slope * (logits.abs().amax(-1) + 1.0)
-        out = out.masked_fill(near_tie.unsqueeze(1), float("nan"))
+            shared = shared * torch.sigmoid(h @ layer.shared.gate.float()).unsqueeze(1)
+
+    def combine(order: torch.Tensor) -> torch.Tensor:  # (T, K) routed expert ids -> out (T, H)
+        chosen = scores.gather(1, order)
+        if not cfg.router_pre_norm:
+            chosen = act(chosen)
+        if cfg.norm_topk_prob:
+            chosen = chosen / chosen.sum(-1, keepdim=True)
+        if cfg.scaling is ScalingMode.NO_SCALE:
+            chosen = torch.ones_like(chosen)
+        coef = torch.zeros_like(logits).scatter_(1, order, chosen)  # (T, E) global
+        lo = cfg.rank_id * cfg.num_local_experts
+        out = cfg.routed_scaling_factor * torch.einsum("te,teh->th", coef[:, lo:lo + cfg.num_local_experts].float(), dense)
+        return out if shared is None else out + shared
+
+    order = torch.argsort(-select, dim=-1, stable=True)[:, : cfg.top_k]  # lower expert index wins exact ties
+    out: Any = combine(order)
+    if admissible and cfg.top_k < select.shape[1]:
+        sure, tied = tie_partition(select, routing_band(h, layer, logits, scores, x.dtype), cfg.top_k)
+        routings = [[order[t].tolist()] for t in range(select.shape[0])]
+        for t in tied.any(-1).nonzero().flatten().tolist():
+            routings[t] += _other_routings(sure[t], tied[t], cfg.top_k, order[t].tolist())
+        if any(len(r) > 1 for r in routings):
+            n = max(len(r) for r in routings)
+            orders = torch.tensor([[r[min(a, len(r) - 1)] for r in routings] for a in range(n)], dtype=torch.long)
+            out = AnyOfRows(torch.stack([combine(o) for o in orders]))
     result = {"out": out, "router_logits": logits.float()}
     if residual is not None:
         result["out_residual"] = s.float()
     return result
 
 
-def _reference(case: Case) -> dict[str, torch.Tensor]:
+MAX_ROUTINGS = 64  # admissible routings enumerated per token (ties of more experts keep the first ones)
+
+
+def routing_band(h: torch.Tensor, layer: MoeBlockLayer, logits: torch.Tensor, scores: torch.Tensor,
+                 dtype: torch.dtype) -> torch.Tensor:
+    """``(T, E)``: how far an honest kernel's selection score may sit from the fp64 reference's.
+
+    The I/O-dtype path rounds ``h`` and the router logits to ``dtype`` (unit roundoff ``u``) and
+    accumulates ``H`` products in fp32; the router activation (slope at most 1/4 for sigmoid; for
+    softmax ``s_i`` times the row's largest logit error) and a correction-bias add round once more.
+    The bound is doubled for slack; it is the path's rounding error, not a comparison tolerance.
+    """
+    cfg = layer.config
+    u, u32, hidden = unit_roundoff(dtype), unit_roundoff(torch.float32), h.shape[-1]
+    mag = h.double().abs() @ layer.router_weight.double().abs().t()
+    if layer.router_bias is not None:
+        mag = mag + layer.router_bias.double().abs()
+    d_logit = u * (mag + logits.abs()) + hidden * u32 * mag
+    if not cfg.router_pre_norm:
+        d_score = d_logit
+    elif cfg.router_activation == "sigmoid":
+        d_score = d_logit / 4 + u * scores.abs()
+    else:
+        d_score = scores * 2 * d_logit.amax(-1, keepdim=True) + u * scores.abs()
+    if layer.correction_bias is not None:
+        d_score = d_score + u * (scores + layer.correction_bias.double()).abs()
+    return 2 * d_score
+
+
+def _other_routings(sure: torch.Tensor, tied: torch.Tensor, k: int, base: list[int]) -> list[list[int]]:
+    """The admissible routings of one token (``k`` expert ids) other than ``base``."""
+    fixed, free = sure.nonzero().flatten().tolist(), tied.nonzero().flatten().tolist()
+    combos = itertools.islice(itertools.combinations(free, k - len(fixed)), MAX_ROUTINGS)
+    return [r for r in (sorted(fixed + list(c)) for c in combos) if r != sorted(base)]
+
+
+def _reference(case: Case) -> dict[str, Any]:
     inp = case.inputs
-    return moe_block_reference(inp["x"], inp["residual"], case.prepare_args[1], inp["eps"])
+    return moe_block_reference(inp["x"], inp["residual"], case.prepare_args[1], inp["eps"], admissible=True)
 
 
 # --------------------------------------------------------------------------- cases and profiles
@@ -343,6 +392,7 @@ SLOTS: tuple[SlotDef, ...] = (
         profiles=_PROFILES,
         incumbent=Kernel(entry=moe_block_tkg, prepare=prepare_moe_block, name="kernelslot.moe_block_tkg"),
         describe=_describe,
+        sizes=(("num_tokens", "T"),),
         notes="NO_SCALE sums each token's routed set (not the seed's non-zero columns); every given clamp applies.",
     ),
 )

@@ -18,11 +18,13 @@ share no code with :mod:`kernelslot.kernels.msa`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from kernelslot.abi import Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind, TopKOverlap
-from kernelslot.abi.comparators import default_tol
+from kernelslot.abi.comparators import tie_partition, unit_roundoff
 from kernelslot.kernels import msa as builtin
 from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, randn
 
@@ -200,13 +202,20 @@ def _query_blocks(inputs: dict) -> list[tuple[int, int, int, int]]:
     return blocks
 
 
-def _prefill_reference(case: Case) -> dict[str, torch.Tensor]:
+def _prefill_reference(case: Case) -> dict[str, Any]:
+    """The selection by the contract's rule, as an admissible set where the boundary is a tie.
+
+    Exact ties follow the contract (lower block index first). Where block scores closer than the
+    input dtype path's rounding error straddle a row's selection boundary, every block strictly
+    above the tie must be selected and the rest may come from the tied blocks (:class:`TopkSets`).
+    """
     inp = case.inputs
     bk, topk, init, local = inp["block_size_k"], inp["topk"], inp["init_blocks"], inp["local_blocks"]
     hi = inp["q"].shape[1]
     cu, prefix, seq_lens = inp["cu_seqlens"].tolist(), inp["prefix_lens"].tolist(), inp["seq_lens"].tolist()
     out = torch.full((hi, inp["all_seqblock_q"], topk), -1, dtype=torch.float64)
-    near = default_tol(inp["q"].dtype)  # score rounding an honest kernel in the input dtype may show
+    u, u32, depth = unit_roundoff(inp["q"].dtype), unit_roundoff(torch.float32), inp["q"].shape[-1]
+    ties: dict[tuple[int, int], tuple[list[int], list[int], int]] = {}
     for row, (b, first, end, last_block) in enumerate(_query_blocks(inp)):
         slots = inp["req_to_token"][int(inp["slot_ids"][b]), :seq_lens[b]].long()
         keys = inp["index_k_cache"][slots, 0].double()  # (L, D)
@@ -216,19 +225,46 @@ def _prefill_reference(case: Case) -> dict[str, torch.Tensor]:
         scores = scores.masked_fill(~seen, float("-inf")).amax(1)  # (Hi, L): max over the block's rows
         n_blocks = last_block + 1  # visible key blocks 0..last_block
         block_max = torch.stack([scores[:, j * bk:(j + 1) * bk].amax(-1) for j in range(n_blocks)], -1)
+        # an honest kernel rounds each score to the input dtype at most once after an fp32 dot product
+        mag = q.norm(dim=-1).amax(0) * keys.norm(dim=-1).max() * abs(inp["scale"])  # (Hi,) bound on sum |q_d k_d|
         forced = sorted({j for j in range(min(init, n_blocks))} | {j for j in range(last_block - local + 1, n_blocks) if j >= 0})
         for h in range(hi):
             rest = sorted((j for j in range(n_blocks) if j not in forced), key=lambda j: (-float(block_max[h, j]), j))
             chosen = (forced + rest)[:topk]
             out[h, row, :len(chosen)] = torch.tensor(chosen, dtype=torch.float64)
             n_free = topk - len(forced)
-            if 0 < n_free < len(rest):  # last chosen vs first left out: a near (not exact) tie is don't-care
-                a, b = float(block_max[h, rest[n_free - 1]]), float(block_max[h, rest[n_free]])
-                if a != b and abs(a - b) <= near * max(abs(a), abs(b), 1.0):
-                    out[h, row] = float("nan")
-    # Exact ties follow the contract (lower block index first); a row whose selection boundary is a
-    # near-tie within the input dtype's rounding is NaN: every comparator treats it as don't-care.
-    return {"out_topk": out}
+            if 0 < n_free < len(rest):
+                free = sorted(rest)  # block index order, so exact ties keep the lower index first
+                vals = block_max[h, free]
+                sure, tied = tie_partition(vals, 2 * (u * vals.abs() + depth * u32 * mag[h]), n_free)
+                if tied.any():
+                    ties[(h, row)] = (forced + [free[i] for i in sure.nonzero().flatten().tolist()],
+                                      [free[i] for i in tied.nonzero().flatten().tolist()], n_free - int(sure.sum()))
+    return {"out_topk": TopkSets(out, ties) if ties else out}
+
+
+@dataclass(frozen=True)
+class TopkSets:
+    """``out_topk`` with admissible rows: ``ties[(h, row)] = (required, tied, need)``.
+
+    A tied row is admissible when it holds every ``required`` block and ``need`` blocks of
+    ``tied``; :meth:`resolve` builds, per tied row, the admissible selection nearest the
+    candidate's (its own picks among the tied blocks, topped up in index order).
+    """
+
+    base: torch.Tensor
+    ties: dict
+
+    def resolve(self, actual: torch.Tensor) -> torch.Tensor:
+        out = self.base.clone()
+        for (h, row), (required, tied, need) in self.ties.items():
+            mine = {int(v) for v in actual[h, row].tolist()}
+            picks = [t for t in tied if t in mine][:need]
+            picks += [t for t in tied if t not in picks][:need - len(picks)]
+            chosen = required + picks
+            out[h, row] = -1
+            out[h, row, :len(chosen)] = torch.tensor(chosen, dtype=out.dtype)
+        return out
 
 
 def _prefill_audit(case: Case, outputs: dict[str, torch.Tensor]) -> list[str]:

@@ -68,5 +68,6 @@ SLOTS = (
         incumbent=INCUMBENT,
         builtins=(Candidate(INCUMBENT, graph_safe=True),),
         describe=_describe,
+        sizes=(("num_tokens", "rows"), ("hidden_size", "hidden")),
     ),
 )

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import torch
 
 from kernelslot.abi import AllocatedOutput
-from kernelslot.verify.report import FAIL, ProfileResult
+from kernelslot.verify.report import FAIL, ProfileResult, traceback_summary
 from kernelslot.verify.runner import CallObservation, TensorMeta
 
 
@@ -57,7 +57,7 @@ def check_call(
 ) -> bool:
     """Make the ABI checks of one call. Returns True when the outputs may be compared."""
     if obs.error:
-        result.record("raised", FAIL, label + obs.error.strip().splitlines()[-1] + "\n" + obs.error)
+        result.record("raised", FAIL, label + traceback_summary(obs.error))
         return False
     if obs.returned is not None:
         result.record("returned_value", FAIL, f"{label}entry returned {obs.returned}; it must write into the outputs and return None")

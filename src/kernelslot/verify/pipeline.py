@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import secrets
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -20,9 +19,12 @@ from kernelslot.abi import Role, SlotKind, allocate_output
 from kernelslot.abi.tensor_spec import allocate_plain
 from kernelslot.abi.capability import CallDescriptor
 from kernelslot.slots.base import Candidate, Case, Profile, SlotDef, dtype_name
+from kernelslot.abi.comparators import resolve_expected
+from kernelslot.verify.envelope import boundary_profiles, verified_envelope
 from kernelslot.verify.checks import check_call, check_inputs, snapshot
-from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, SlotReport
-from kernelslot.verify.runner import InProcessRunner, Runner, RunnerError, TensorMeta
+from kernelslot.verify.plan import TIMED_DRAW, CallPlan, PlannedCall, Planner, TimingPlan, needs_fresh, refill_inputs, refilled  # noqa: F401 - refilled: re-exported
+from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, SlotReport, traceback_summary
+from kernelslot.verify.runner import CallObservation, InProcessRunner, Runner, RunnerError, TensorMeta
 
 Progress = Callable[[ProfileResult], None]
 _CALL_CHECKS = ("raised", "returned_value", "input_mutated", "output_storage_swapped", "output_aliases_input",
@@ -34,13 +36,16 @@ class VerifyOptions:
     device: str = "cpu"
     dtypes: tuple[torch.dtype, ...] | None = None  # None: every dtype the slot's profiles take
     seeds: tuple[int, ...] = (0,)
-    replays: int = 3  # fresh-input replays after the first call (at least two): full, tail, head refills
-    extra_replays: int = 0  # up to this many more, drawn per profile from an unseeded RNG (untrusted bundles)
+    replays: int = 3  # base replays after the first call (at least two), cycling tail, head, row-or-cells refills
+    extra_mean: float = 0.25  # mean of the geometric number of extra replays per profile (verify/plan.py)
+    plan_seed: int | None = None  # seeds the call plan (tests); None: drawn from the OS's secret RNG
+    envelope: bool = False  # run boundary profiles of each variant's domain and record the verified envelope
+    envelope_max_bytes: int = 256 << 20  # a boundary profile whose tensors would exceed this is clipped
     profiles: tuple[str, ...] | None = None  # profile-name filter
     model: str | None = None  # run this model's profiles (falls back to generic where the slot has none)
     graph: bool = True  # CUDA-graph replay for graph_safe candidates on CUDA
     time: bool = False  # time candidate and incumbent side by side
-    time_reps: int = 7
+    time_reps: int = 7  # the least number of timed repetitions (the plan adds up to half as many)
     world_sizes: tuple[int, ...] = (2,)  # collective slots: group sizes to verify (profiles carry dims["world"])
     collective_timeout_s: float = 30.0  # collective slots: per-call deadline for every rank
 
@@ -125,107 +130,136 @@ def describe(defn: SlotDef, case: Case, profile: Profile, device: str) -> CallDe
                                last_dim=first.shape[-1] if first is not None and first.dim() else None)
 
 
-REFILL_SCHEDULE = ("full", "tail", "head")  # replay r uses REFILL_SCHEDULE[(r - 1) % 3]
-
-
-def refill_live(defn: SlotDef, profile: Profile, seed: int, call: int, case: Case, prev: Case, mode: str = "full") -> Case:
+def refill_live(defn: SlotDef, profile: Profile, seed: int, call: int, case: Case, prev: Case, mode: str = "full",
+                pick: int = 0) -> Case:
     """Refill the live inputs of ``case`` in place (same storage) and return the CPU case they now hold.
 
-    ``full`` redraws every live input. ``tail`` / ``head`` redraw only the trailing / leading
-    half (in memory order) of the floating-point live inputs and keep everything else (integer
-    inputs included), so a kernel that memoises on a fingerprint of a few cells at either end
-    of an input returns stale data on one of them.
+    ``mode`` is a refill kind of :mod:`kernelslot.verify.plan` (full, head, tail, row, cells);
+    the fresh values are draw ``call`` of the profile and seed, ``pick`` places a sparse refill.
     """
-    fresh = make_case(defn, profile, seed, call)
-    now = {name: refilled(prev.inputs[name], fresh.inputs[name], mode) for name in case.live_names()}
+    names = case.live_names()
+    fresh = {n: v for n, v in make_case(defn, profile, seed, call).inputs.items() if n in names} if needs_fresh(mode) else None
+    now = refill_inputs({n: prev.inputs[n] for n in names}, mode, pick, fresh)
     for name, value in now.items():
         case.inputs[name].copy_(value)
     return dataclasses.replace(prev, inputs={**prev.inputs, **now})
 
 
-def refilled(old: torch.Tensor, new: torch.Tensor, mode: str) -> torch.Tensor:
-    """The value a live input takes under refill ``mode`` (see :func:`refill_live`)."""
-    if mode == "full":
-        return new
-    if not new.dtype.is_floating_point:
-        return old
-    mixed = old.clone().contiguous()
-    half = mixed.numel() // 2
-    region = slice(half, None) if mode == "tail" else slice(0, half)
-    mixed.view(-1)[region] = new.contiguous().view(-1)[region]
-    return mixed
-
-
 class _ProfileRun:
-    """One profile × seed through the pipeline."""
+    """One profile × seed through the pipeline, as a sequence of steps (:meth:`steps`) that the
+    driver interleaves with other profiles' steps."""
 
-    def __init__(self, defn: SlotDef, cand: Candidate, profile: Profile, seed: int, runner: Runner, opts: VerifyOptions):
+    def __init__(self, defn: SlotDef, cand: Candidate, profile: Profile, seed: int, runner: Runner, opts: VerifyOptions,
+                 plan: CallPlan):
         self.defn, self.cand, self.profile, self.seed, self.runner, self.opts = defn, cand, profile, seed, runner, opts
+        self.plan = plan
         self.device = torch.device(opts.device)
         self.result = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, cand.name)
         self.performed: set[str] = set()
 
     def run(self) -> ProfileResult:
+        for _ in self.steps():
+            pass
+        return self.result
+
+    def steps(self) -> Iterator[None]:
+        """Yield after each call of the plan; the result is final once the iterator is exhausted."""
+        try:
+            if self._setup():
+                for call in self.plan.calls:
+                    if not self._planned_call(call):
+                        return
+                    yield
+                self._after_calls()
+        finally:
+            if not self.result.skipped_reason:
+                self._finish()
+
+    def _setup(self) -> bool:
         slot = self.defn.slot
-        cpu_case = make_case(self.defn, self.profile, self.seed, 0)
-        desc = describe(self.defn, cpu_case, self.profile, self.opts.device)
-        if not self.cand.domain.matches(desc):
-            self.result.skipped_reason = "outside declared domain: " + ", ".join(self.cand.domain.mismatches(desc))
-            return self.result
+        self.cpu_case = make_case(self.defn, self.profile, self.seed, 0)
+        self.desc = describe(self.defn, self.cpu_case, self.profile, self.opts.device)
+        if not self.cand.domain.matches(self.desc):
+            self.result.skipped_reason = "outside declared domain: " + ", ".join(self.cand.domain.mismatches(self.desc))
+            return False
         if why := self.runner.unavailable(self.cand.kernel):  # it failed to load or hung once: reported there
             self.result.skipped_reason = f"not run: {why}"
-            return self.result
-        case = self.runner.share(to_device(cpu_case, self.device))  # before any identity is recorded
-        prepared = None
-        prep_snap = snapshot(tensors_in(case.prepare_args))
+            return False
+        self.case = case = self.runner.share(to_device(self.cpu_case, self.device))  # before any identity is recorded
+        self.prepared = None
+        self.prep_snap = snapshot(tensors_in(case.prepare_args))
         if slot.needs_prepare:
             try:
-                prepared = self.runner.prepare(self.cand.kernel, case.prepare_args)
+                self.prepared = self.runner.prepare(self.cand.kernel, case.prepare_args)
             except RunnerError as exc:
-                self.result.record("prepare", FAIL, str(exc))
-                return self._finish()
-            if not check_inputs(self.result, tensors_in(case.prepare_args), prep_snap, "prepare(): "):
-                return self._finish()
+                self.result.record("prepare", FAIL, traceback_summary(str(exc)))
+                return False
+            if not check_inputs(self.result, tensors_in(case.prepare_args), self.prep_snap, "prepare(): "):
+                return False
             self.performed.add("prepare")
-        outputs = {n: allocate_output(spec, self.device) for n, spec in case.outputs.items() if spec is not None}
-        self.runner.share([a.base for a in outputs.values()])
-        args = self._args(case, outputs, prepared)
-        arg_names = [a.name for a in slot.args]
-        ref_case = cpu_case  # the CPU image of what the live inputs hold now
-        replays = self.opts.replays + (secrets.randbelow(self.opts.extra_replays + 1) if self.opts.extra_replays else 0)
-        for call in range(1 + replays):
-            if call:
-                mode = REFILL_SCHEDULE[(call - 1) % len(REFILL_SCHEDULE)]
-                ref_case = refill_live(self.defn, self.profile, self.seed, call, case, ref_case, mode)
-            if not self._one_call(call, case, ref_case, outputs, args, arg_names, prep_snap):
-                return self._finish()
-        if not self._plain_call(case, ref_case, args, arg_names, prep_snap):
-            return self._finish()
+        self.outputs = {n: allocate_output(spec, self.device) for n, spec in case.outputs.items() if spec is not None}
+        self.runner.share([a.base for a in self.outputs.values()])
+        self.args = self._args(case, self.outputs, self.prepared)
+        self.ref_case = self.cpu_case  # the CPU image of what the live inputs hold now
+        return True
+
+    def _planned_call(self, call: PlannedCall) -> bool:
+        if call.refill != "first":
+            self.ref_case = refill_live(self.defn, self.profile, self.seed, call.draw, self.case, self.ref_case,
+                                        call.refill, call.pick)
+        if not call.plain:
+            return self._one_call(call, self.outputs, self.args) is not None
+        # The way an engine calls: plain contiguous outputs at offset 0, each cell a different random
+        # value (no NaN, sentinel or padding to recognise), private tensors. Unwritten cells cannot be
+        # told from results bit-exactly here, so this call is judged by the comparison alone.
+        plain = {n: allocate_plain(spec, self.device) for n, spec in self.case.outputs.items() if spec is not None}
+        self.runner.share([a.base for a in plain.values()])
+        gen = torch.Generator().manual_seed(call.pick)
+        for alloc in plain.values():
+            alloc.poison_random(gen)
+        plain_args = [plain[a.name].view if a.role is Role.OUTPUT and a.name in plain else v
+                      for a, v in zip(self.defn.slot.args, self.args)]
+        return self._one_call(call, plain, plain_args) is not None
+
+    def _after_calls(self) -> None:
         if self.device.type == "cuda" and self.opts.graph and self.cand.graph_safe and self.runner.in_process:
             from kernelslot.verify.graph import graph_replay  # captures in this process: in-process runner only
 
-            graph_replay(self, case, cpu_case, outputs, args, prepared)
-        if self.opts.time:
-            from kernelslot.bench.timing import time_side_by_side
+            graph_replay(self, self.case, self.cpu_case, self.outputs, self.args, self.prepared)
+        if self.plan.timing is not None and not self.result.failures():
+            self._time(self.plan.timing)
 
-            timed: dict[str, Case] = {}
+    def _time(self, plan: TimingPlan) -> None:
+        """Candidate and incumbent alternate (ABAB) on the same fresh inputs; every candidate call,
+        warm-ups included, is refilled, poisoned and checked outside its timed window."""
+        from kernelslot.bench.timing import time_interleaved
 
-            def refill(rep: int) -> None:  # fresh inputs and fresh poison before every timed call
-                timed["case"] = refill_live(self.defn, self.profile, self.seed, 1000 + rep, case, cpu_case)
-                for alloc in outputs.values():
-                    alloc.poison()
+        incumbent = self.defn.incumbent_for(self.desc)
+        trusted = inc_args = None
+        if incumbent.entry is not self.cand.kernel.entry:
+            trusted, inc_args = self.runner.incumbent_runner(), list(self.args)
+            if self.defn.slot.needs_prepare:
+                try:
+                    inc_prepared = trusted.prepare(incumbent, self.case.prepare_args)
+                except RunnerError as exc:
+                    self.result.record("raised", FAIL, f"timing: the incumbent's prepare failed: {exc}")
+                    return
+                inc_args = [inc_prepared if a.role is Role.PREPARED else v for a, v in zip(self.defn.slot.args, self.args)]
 
-            def check_timed() -> None:  # the last timed call must have done the work it was timed for
-                if "case" in timed:
-                    self.compare(outputs, self.expected(timed["case"]), "timed call: ", "replay")
+        def candidate(i: int) -> CallObservation | None:
+            call = PlannedCall(TIMED_DRAW + i, "full", plan.poisons[i], pick=plan.picks[i])
+            self.ref_case = refill_live(self.defn, self.profile, self.seed, call.draw, self.case, self.ref_case)
+            return self._one_call(call, self.outputs, self.args, "timed call: ")
 
-            try:
-                self.result.timing = time_side_by_side(self.defn, self.cand, self.runner, case, prepared, args, self.opts.time_reps,
-                                                       refill=refill, incumbent=self.defn.incumbent_for(desc),
-                                                       check_candidate=check_timed)
-            except RunnerError as exc:
-                self.result.record("raised", FAIL, f"timing: {exc}")
-        return self._finish()
+        def incumbent_call(i: int) -> CallObservation:
+            for alloc in self.outputs.values():
+                alloc.poison(finite=plan.poisons[i] == "sentinel")
+            return trusted.call(incumbent, inc_args, check_retention=False)
+
+        try:
+            self.result.timing = time_interleaved(plan, candidate, incumbent_call if trusted is not None else None)
+        except RunnerError as exc:
+            self.result.record("raised", FAIL, f"timing: {exc}")
 
     def _args(self, case: Case, outputs: dict, prepared: Any) -> list[Any]:
         args = []
@@ -240,13 +274,16 @@ class _ProfileRun:
                 raise RunnerError(f"slot {self.defn.name}: argument {a.name} ({a.role.value}) needs the collective referee")
         return args
 
-    def expected(self, ref_case: Case) -> dict[str, torch.Tensor]:
+    def expected(self, ref_case: Case) -> dict[str, Any]:
+        """The reference outputs: a tensor, or an admissible set (``abi.comparators.Admissible``) per output."""
         return self.defn.reference(clone_case(ref_case))
 
     def compare(self, outputs: dict, expected: dict, label: str, check: str) -> bool:
         ok = True
         for out_name, alloc in outputs.items():
-            verdict = self.defn.comparator_for(out_name, self.profile).compare(alloc.view.detach().cpu(), expected[out_name])
+            actual = alloc.view.detach().cpu()
+            want = resolve_expected(expected[out_name], actual)
+            verdict = self.defn.comparator_for(out_name, self.profile).compare(actual, want)
             key = f"{out_name}.{verdict.metric}"
             self.result.metrics[key] = min(self.result.metrics.get(key, verdict.value), verdict.value)  # worst call
             if not verdict.passed:
@@ -262,48 +299,37 @@ class _ProfileRun:
             self.result.record("audit", FAIL, label + "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""))
         return not problems
 
-    def _one_call(self, call: int, case: Case, ref_case: Case, outputs: dict, args: list, arg_names: list, prep_snap: dict,
-                  poison: bool = True) -> bool:
-        """Call ``call`` (0 = first, > 0 = replay, -1 = the plain engine-like call) and check it."""
-        label = "plain-output call: " if call < 0 else f"replay {call}: " if call else ""
+    def _one_call(self, call: PlannedCall, outputs: dict, args: list, label: str | None = None) -> CallObservation | None:
+        """Make ``call`` on the inputs the case holds now and check it; its observation, or None on a failure."""
+        label = call.label if label is None else label
+        case, arg_names = self.case, [a.name for a in self.defn.slot.args]
         in_snap = snapshot(case.inputs)
         input_meta = {k: m for k, (_, m) in in_snap.items()}
-        for alloc in outputs.values() if poison else ():
-            alloc.poison(finite=call == 1)  # the first replay uses a finite sentinel, the others NaN
+        if not call.plain:
+            for alloc in outputs.values():
+                alloc.poison(finite=call.poison == "sentinel")
         out_meta = {n: TensorMeta.of(a.view) for n, a in outputs.items()}
-        obs = self.runner.call(self.cand.kernel, args)
+        obs = self.runner.call(self.cand.kernel, args, **({"private": True} if call.private else {}))
+        self.performed.add("input_mutated")
         inputs_ok = check_inputs(self.result, case.inputs, in_snap, label)
-        inputs_ok &= check_inputs(self.result, tensors_in(case.prepare_args), prep_snap, label + "weights: ")
-        expected = self.expected(ref_case)  # only after the call: nothing to find while it runs
-        self.performed.update(_CALL_CHECKS)
+        inputs_ok &= check_inputs(self.result, tensors_in(case.prepare_args), self.prep_snap, label + "weights: ")
+        expected = self.expected(self.ref_case)  # only after the call: nothing to find while it runs
+        self.performed.update(_CALL_CHECKS if obs.error is None else ("raised",))  # a call that never ran checks nothing
         usable = check_call(self.result, obs, arg_names, list(outputs), outputs, out_meta, input_meta, label)
         if not usable:
-            return False
-        check = "replay" if call else "compare"  # the plain call (-1) is a replay too
+            return None
+        check = "replay" if call.draw else "compare"  # the plain and timed calls are replays too
         self.performed.add(check)
         compared = self.compare(outputs, expected, label, check)
         if self.defn.audit is not None:
             self.performed.add("audit")
-        audited = self.audit(ref_case, outputs, label)
-        return inputs_ok and compared and audited and not self.result.failures()
+        audited = self.audit(self.ref_case, outputs, label)
+        return obs if inputs_ok and compared and audited and not self.result.failures() else None
 
-    def _plain_call(self, case: Case, prev: Case, args: list, arg_names: list, prep_snap: dict) -> bool:
-        """One more call the way an engine makes it: plain contiguous outputs at offset 0, each
-        cell filled with a different random value (no NaN, no sentinel, no padding to recognise),
-        on freshly drawn inputs. A kernel that is honest only when it detects the harness fails."""
-        plain = {n: allocate_plain(spec, self.device) for n, spec in case.outputs.items() if spec is not None}
-        self.runner.share([a.base for a in plain.values()])
-        gen = torch.Generator().manual_seed(secrets.randbits(63))
-        for alloc in plain.values():
-            alloc.poison_random(gen)
-        ref_case = refill_live(self.defn, self.profile, self.seed, 500, case, prev)
-        plain_args = [plain[a.name].view if a.role is Role.OUTPUT and a.name in plain else v
-                      for a, v in zip(self.defn.slot.args, args)]
-        return self._one_call(-1, case, ref_case, plain, plain_args, arg_names, prep_snap, poison=False)
-
-    def _finish(self) -> ProfileResult:
+    def _finish(self) -> None:
         """Every check not failed is recorded as passed if it was made, else skipped with why."""
         failed = {c.name for c in self.result.failures()}
+        why_not = "not reached (an earlier check failed)" if failed else "not reached"
         for name in CHECKS:
             if name in failed:
                 continue
@@ -312,13 +338,12 @@ class _ProfileRun:
             elif name == "graph_replay":
                 why = ("no CUDA device" if self.device.type != "cuda" else "not graph_safe" if not self.cand.graph_safe
                        else f"not run under the {self.runner.name} runner (capture would run candidate code in the referee)"
-                       if not self.runner.in_process else "not reached")
+                       if not self.runner.in_process else why_not)
                 self.result.record(name, SKIP, why)
             elif (name == "prepare" and not self.defn.slot.needs_prepare) or (name == "audit" and self.defn.audit is None):
                 continue
             else:
-                self.result.record(name, SKIP, "not reached")
-        return self.result
+                self.result.record(name, SKIP, why_not)
 
 
 def verify_slot(
@@ -332,7 +357,8 @@ def verify_slot(
 
     Each profile is routed to the single variant whose domain matches its descriptor;
     profiles no variant accepts are reported as skipped. A slot none of whose profiles reached
-    a candidate fails: a domain that is never exercised earns nothing.
+    a candidate fails: a domain that is never exercised earns nothing. The calls of all
+    profile runs are interleaved in an order drawn by the call plan (``verify/plan.py``).
     """
     if defn.slot.kind is SlotKind.COLLECTIVE:
         raise ValueError(f"{defn.name} is a collective slot: verify it with kernelslot.verify.verify_slot "
@@ -341,12 +367,13 @@ def verify_slot(
     runner = runner or InProcessRunner()
     report = SlotReport(defn.name, ", ".join(c.name for c in cands), runner.name, opts.device)
     models = [opts.model] if opts.model else sorted({c.model for c in cands if c.model}) or [None]
-    for profile in [p for m in models for p in select_profiles(defn, opts, m)]:  # each variant's bound model
-        for seed in opts.seeds:
-            result = _run_routed(defn, cands, profile, seed, runner, opts)
-            report.results.append(result)
-            if progress:
-                progress(result)
+    planner = planner_for(opts)
+    runs = [_routed(defn, cands, profile, seed, runner, opts, planner)  # each variant's bound model
+            for profile in [p for m in models for p in select_profiles(defn, opts, m)] for seed in opts.seeds]
+    report.results = [r.result if isinstance(r, _ProfileRun) else r for r in runs]
+    _drive(runs, planner, progress)
+    if opts.envelope and report.results:
+        _verify_envelope(defn, cands, runs, runner, opts, planner, report, progress)
     if not report.results:
         report.errors.append("no profile selected (check --dtype/--model/--profile filters)")
     elif all(r.skipped_reason for r in report.results):
@@ -354,6 +381,43 @@ def verify_slot(
     else:
         report.errors.extend(p for c in cands for p in unexercised_domain(defn, c, report.results, opts))
     return report
+
+
+def _drive(runs: list, planner: Planner, progress: Progress | None) -> None:
+    """Run every profile run to its end, one call at a time, in an order the planner draws."""
+    steps = {i: r.steps() for i, r in enumerate(runs) if isinstance(r, _ProfileRun)}
+    for r in runs:
+        if progress and not isinstance(r, _ProfileRun):
+            progress(r)
+    while steps:
+        i = planner.pick(sorted(steps))
+        if next(steps[i], StopIteration) is StopIteration:
+            del steps[i]
+            if progress:
+                progress(runs[i].result)
+
+
+def _verify_envelope(defn: SlotDef, cands: list[Candidate], runs: list, runner: Runner, opts: VerifyOptions,
+                     planner: Planner, report: SlotReport, progress: Progress | None) -> None:
+    """Run each variant's boundary profiles (``verify/envelope.py``) and record its verified envelope."""
+    for cand in cands:
+        mine = [r for r in runs if isinstance(r, _ProfileRun) and r.cand is cand and not r.result.skipped_reason]
+        if not mine:
+            continue
+        clipped: dict[str, str] = {}
+        extra = boundary_profiles(defn, cand, [(r.profile, r.desc) for r in mine], opts.envelope_max_bytes,
+                                  lambda p: make_case(defn, p, opts.seeds[0], 0), clipped)
+        more = [_ProfileRun(defn, cand, b.profile, opts.seeds[0], runner, opts, planner.plan()) for b in extra]
+        report.results.extend(r.result for r in more)
+        _drive(more, planner, progress)
+        passed = [r.desc for r in mine + more if r.result.passed]
+        report.envelope[cand.name] = verified_envelope(passed)
+        report.notes.extend(f"{cand.name}: {why}" for why in clipped.values())
+
+
+def planner_for(opts: VerifyOptions) -> Planner:
+    """The call planner the options ask for (one per slot verification)."""
+    return Planner(opts.replays, opts.extra_mean, opts.time_reps if opts.time else None, opts.plan_seed)
 
 
 VERIFIED_DTYPES = ("float32", "bfloat16", "float16")
@@ -390,13 +454,15 @@ def unexercised_domain(defn: SlotDef, cand: Candidate, results: list[ProfileResu
     return problems
 
 
-def _run_routed(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: int, runner: Runner, opts: VerifyOptions) -> ProfileResult:
+def _routed(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: int, runner: Runner, opts: VerifyOptions,
+            planner: Planner) -> "_ProfileRun | ProfileResult":
+    """The profile run of the variant whose domain covers ``profile`` (else a skipped result)."""
     if len(cands) == 1:
-        return _ProfileRun(defn, cands[0], profile, seed, runner, opts).run()
+        return _ProfileRun(defn, cands[0], profile, seed, runner, opts, planner.plan())
     desc = describe(defn, make_case(defn, profile, seed, 0), profile, opts.device)
     for cand in cands:
         if cand.domain.matches(desc):
-            return _ProfileRun(defn, cand, profile, seed, runner, opts).run()
+            return _ProfileRun(defn, cand, profile, seed, runner, opts, planner.plan())
     res = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, "-")
     res.skipped_reason = "outside every variant's domain (the incumbent runs)"
     return res

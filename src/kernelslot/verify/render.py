@@ -28,11 +28,15 @@ def _cell(result: ProfileResult, checks: tuple[str, ...]) -> str:
 
 def _metric(result: ProfileResult) -> str:
     parts = [f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())]
-    if "candidate_s" in result.timing:
-        t = f"{result.timing['candidate_s'] * 1e3:.3g}ms"
-        if "speedup" in result.timing:
-            t += f" x{result.timing['speedup']:.2f}"
-        parts.append(t)
+    t = result.timing
+    if "candidate_s" in t:
+        ms = lambda side: f"{t[side + '_s'] * 1e3:.3g}ms [{t[side + '_q1_s'] * 1e3:.3g}-{t[side + '_q3_s'] * 1e3:.3g}]"
+        text = "cand " + ms("candidate")
+        if "incumbent_s" in t:
+            text += f" inc {ms('incumbent')} x{t['speedup']:.2f}" + (" (noise: IQRs overlap)" if t.get("noise") else "")
+        if "candidate_roundtrip_s" in t:
+            text += f" rt {t['candidate_roundtrip_s'] * 1e3:.3g}ms"
+        parts.append(text)
     return " ".join(parts)
 
 
@@ -58,6 +62,10 @@ def render_slot(report: SlotReport, comparator: str) -> str:
             lines.append(f"  ! {r.profile}[{r.dtype}] seed {r.seed}: {c.name}: {first_line}")
     for e in report.errors:
         lines.append(f"  ! {e}")
+    for note in report.notes:
+        lines.append(f"  note: {note}")
+    for variant, env in report.envelope.items():
+        lines.append(f"  verified envelope of {variant}: " + ", ".join(f"{f} {lo}..{hi}" for f, (lo, hi) in env.items()))
     ran = [r for r in report.results if not r.skipped_reason]
     passed = sum(r.passed for r in ran)
     lines.append(f"  => {'PASS' if report.passed else 'FAIL'}: {passed}/{len(ran)} profile runs passed"

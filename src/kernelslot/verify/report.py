@@ -1,6 +1,7 @@
 """Verdicts and receipts: what ran, which checks passed, with reasons and figures."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -23,6 +24,27 @@ CHECKS = (
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"
 NOT_RUN = "not run"  # this machine cannot run the candidate (no CUDA, a missing package): no verdict on it
+
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+_REFEREE = ("/kernelslot/verify/", "/kernelslot/bench/", "/kernelslot/dispatch/")
+
+
+def traceback_summary(text: str) -> str:
+    """``text`` led by one line naming the exception and the innermost frame outside the referee.
+
+    For a traceback: ``"<first line>: ValueError: bad (at kernel.py:12 in prepare)"`` then the
+    full text, so the one-line table view shows the type, the message and the candidate's frame.
+    Text that is not a traceback is returned unchanged.
+    """
+    lines = text.strip().splitlines()
+    frames = [m for m in (_FRAME.match(line) for line in lines) if m and not any(r in m.group(1) for r in _REFEREE)]
+    if not frames:
+        return text
+    exc = next((line.strip() for line in reversed(lines) if line.strip() and not line.startswith(" ")
+                and not line.startswith("Traceback") and not line.startswith("[")), lines[-1].strip())
+    where = f"{frames[-1].group(1).rsplit('/', 1)[-1]}:{frames[-1].group(2)} in {frames[-1].group(3)}"
+    head = lines[0].rstrip(":") if not lines[0].startswith("Traceback") else "raised"
+    return f"{head}: {exc} (at {where})\n{text}"
 
 
 @dataclass
@@ -81,6 +103,8 @@ class SlotReport:
     results: list[ProfileResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # failures that stopped the slot (e.g. load errors)
     not_run: str = ""  # why no candidate could run on this machine (Needs.unmet); then nothing ran
+    envelope: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # variant -> field -> verified [lo, hi]
+    notes: list[str] = field(default_factory=list)  # not failures: e.g. an envelope clipped for memory
 
     @property
     def passed(self) -> bool:

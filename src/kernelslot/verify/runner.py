@@ -112,8 +112,12 @@ class Runner(ABC):
         """Run ``kernel.prepare(*prepare_args)`` and return a handle to the prepared object."""
 
     @abstractmethod
-    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True) -> CallObservation:
-        """Call ``kernel.entry(*args)``; the PREPARED position holds what :meth:`prepare` returned."""
+    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False) -> CallObservation:
+        """Call ``kernel.entry(*args)``; the PREPARED position holds what :meth:`prepare` returned.
+
+        ``private``: hand the candidate private, non-shared copies of the tensor arguments and copy
+        them back after the call (a no-op where nothing is shared, i.e. in-process).
+        """
 
     def close(self) -> None:
         """Release resources (worker processes)."""
@@ -155,7 +159,7 @@ class InProcessRunner(Runner):
         except Exception:
             raise RunnerError("prepare() raised:\n" + traceback.format_exc(limit=6)) from None
 
-    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True) -> CallObservation:
+    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False) -> CallObservation:
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         before = {i: storage_use_count(t) for i, t in tensors} if check_retention else {}
         obs = CallObservation()

@@ -179,14 +179,15 @@ class WorkerRunner(Runner):
         weakref.finalize(handle, self._dead_prepared.append, key)
         return handle
 
-    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True) -> CallObservation:
+    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False) -> CallObservation:
         """Call ``entry`` in the worker. ``check_retention`` also enables the settle re-read."""
         obs = CallObservation()
         proc = None
         try:
             source = kernel.origin()
             proc = self._worker_for(source)
-            reply, obs.elapsed_s = self._request(proc, "call", source, list(args), self.call_timeout_s, check=check_retention)
+            reply, obs.elapsed_s = self._request(proc, "call", source, list(args), self.call_timeout_s, check=check_retention,
+                                                **({"private": True} if private else {}))
             self._observe(reply, args, obs)
             judge_direct_evidence(kernel, obs)
         except Contained as c:

@@ -159,6 +159,8 @@ class _Worker:
             return {"error": text, "cause": "out_of_memory" if memory_error_text(text) else "load_failed"}
         if msg["op"] == "prepare":
             return self.prepare(prepare, args, msg["handle"])
+        if msg.get("private"):
+            return self.call_private(entry, args, msg["check"])
         return self.call(entry, args, msg["check"])
 
     def prepare(self, prepare: Any, args: tuple, handle: int) -> dict:
@@ -169,6 +171,22 @@ class _Worker:
             return {"error": err, "cause": "out_of_memory" if memory_error_text(err) else "exception"}
         self.prepared[handle] = result
         return {"worker_ns": elapsed}
+
+    def call_private(self, entry: Any, args: list, check: bool) -> dict:
+        """:meth:`call` on private (non-shared) copies of every shared tensor argument, each with the
+        same storage size, offset and strides; the bytes are copied back into the shared storages after."""
+        pairs = []  # (shared storage, private storage)
+        private = list(args)
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.untyped_storage().is_shared():
+                mine = torch.UntypedStorage(a.untyped_storage().nbytes(), device=a.device)
+                mine.copy_(a.untyped_storage())
+                pairs.append((a.untyped_storage(), mine))
+                private[i] = torch.empty(0, dtype=a.dtype, device=a.device).set_(mine, a.storage_offset(), a.shape, a.stride())
+        reply = self.call(entry, private, check)
+        for shared, mine in pairs:
+            shared.copy_(mine)
+        return reply
 
     def call(self, entry: Any, args: list, check: bool) -> dict:
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]

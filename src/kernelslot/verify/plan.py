@@ -1,0 +1,193 @@
+"""The call plan: which calls the referee makes for one profile × seed, and how each is dressed.
+
+One object, consumed by the single-device pipeline (``verify/pipeline.py``) and meant for the
+collective referee too, so that hardening the schedule hardens both. Nothing here touches a
+candidate: a plan is data, drawn by a :class:`Planner` from the referee's own RNG (secret unless
+``plan_seed`` is given, e.g. by tests).
+
+A :class:`CallPlan` is a sequence of :class:`PlannedCall` steps:
+
+- step 0 is the case as generated (``refill="first"``), on padded, canaried, NaN-poisoned outputs;
+- ``replays`` base replays cycle through :data:`BASE_REFILLS` (tail, head, then row or cells at
+  random); the first one is poisoned with the finite sentinel, the others with NaN;
+- a geometric number of extra replays (``P(extra >= k) = q^k`` with ``q = m / (1 + m)`` for mean
+  ``m``; unbounded), each with a random refill kind and a random poison kind;
+- one engine-like call (``plain=True``): plain contiguous outputs at offset 0, every cell filled
+  with a random value (``poison="random"``), on a full refill, with private tensors. It sits at a
+  random position among the replays, so "the last call" is not recognisable either.
+
+``private=True`` asks the runner to hand the candidate private, non-shared copies of every tensor
+argument and copy them back after the call (the worker runner; a no-op in-process, where nothing
+is shared). The plain call is private; each extra replay is private with probability 1/2.
+
+Refill kinds (:func:`refill_inputs`), applied to the live inputs (same storages, fresh values):
+``full`` redraws every live input; ``tail`` / ``head`` redraw the trailing / leading half (memory
+order) of every floating-point live input; ``row`` rewrites one random row (first dimension) of one
+random floating-point live input, ``cells`` 1-3 random cells of one, with values taken from other
+random positions of that input. Integer inputs (ids, lengths, page tables) are kept by every
+partial kind, so a case's invariants hold.
+
+Timing (:class:`TimingPlan`) draws the warm-up and repetition counts per profile; every warm-up
+and timed call is refilled, poisoned and checked outside the timed window like any replay.
+
+Profiles and replays are interleaved: :meth:`Planner.pick` chooses which live profile run makes
+its next call, uniformly at random, so the calls of one signature are spread among others.
+
+Adding a step kind (issue 18: re-prepare with fresh weights written into the same storages; repeat
+a call after the worker's scratch memory was poisoned) means a new ``refill`` kind or a new field
+with a default on :class:`PlannedCall`, consumed by the pipeline's one call loop; the sequence and
+its consumers keep their shape.
+
+Collective use: draw one plan per profile × seed with :meth:`Planner.plan` and send every rank the
+same steps; refill each rank's share with :func:`refill_inputs` using the step's ``pick``, so every
+rank changes the same positions of its own inputs.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+BASE_REFILLS = ("tail", "head", "sparse")  # "sparse": row or cells, drawn per replay
+SPARSE = ("row", "cells")
+REFILLS = ("full", "tail", "head", "row", "cells")
+POISONS = ("nan", "sentinel")  # padded outputs; plain outputs get "random"
+PLAIN_DRAW = 500  # fresh-values draw id of the plain call (kept clear of replay draw ids)
+TIMED_DRAW = 10_000  # draw ids of warm-up and timed calls start here
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """One call: how its inputs are refilled and its outputs dressed.
+
+    ``draw`` is the call id the fresh values come from (``make_case(profile, seed, draw)``);
+    ``pick`` seeds the random positions of a ``row`` / ``cells`` refill.
+    """
+
+    draw: int
+    refill: str  # "first" (step 0) or one of REFILLS
+    poison: str  # "nan", "sentinel" or "random" (plain outputs)
+    plain: bool = False
+    private: bool = False
+    pick: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.plain:
+            return "plain-output call: "
+        return f"replay {self.draw} ({self.refill} refill): " if self.draw else ""
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """``warmup`` discarded candidate/incumbent pairs, then ``reps`` timed ones (ABAB)."""
+
+    warmup: int
+    reps: int
+    poisons: tuple[str, ...]  # per call of the sequence (warm-ups first)
+    picks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    calls: tuple[PlannedCall, ...]
+    timing: TimingPlan | None = None
+
+    def describe(self) -> str:
+        kinds = ", ".join(("plain" if c.plain else c.refill) + ("*" if c.private else "") for c in self.calls)
+        timed = f"; timed {self.timing.warmup}+{self.timing.reps}" if self.timing else ""
+        return f"{len(self.calls)} calls ({kinds}){timed}"
+
+
+def geometric(rng: random.Random, mean: float) -> int:
+    """A draw with ``P(X >= k) = q^k``, ``q = mean / (1 + mean)`` (unbounded, mean ``mean``)."""
+    q = mean / (1.0 + mean) if mean > 0 else 0.0
+    k = 0
+    while rng.random() < q:
+        k += 1
+    return k
+
+
+class Planner:
+    """Draws call plans. ``replays``: base replays (>= 2); ``extra_mean``: mean of the geometric
+    number of extra replays; ``time_reps``: the least number of timed repetitions (None: no timing)."""
+
+    def __init__(self, replays: int = 3, extra_mean: float = 0.25, time_reps: int | None = None,
+                 plan_seed: int | None = None):
+        self.replays, self.extra_mean, self.time_reps = replays, extra_mean, time_reps
+        self.rng: random.Random = random.Random(plan_seed) if plan_seed is not None else random.SystemRandom()
+
+    def plan(self) -> CallPlan:
+        rng = self.rng
+        kinds = [BASE_REFILLS[i % len(BASE_REFILLS)] for i in range(self.replays)]
+        kinds = [rng.choice(SPARSE) if k == "sparse" else k for k in kinds]
+        replays = [PlannedCall(i + 1, kind, "sentinel" if i == 0 else "nan", pick=rng.getrandbits(63))
+                   for i, kind in enumerate(kinds)]
+        for i in range(geometric(rng, self.extra_mean)):
+            replays.append(PlannedCall(len(replays) + 1, rng.choice(REFILLS), rng.choice(POISONS),
+                                       private=rng.random() < 0.5, pick=rng.getrandbits(63)))
+        plain = PlannedCall(PLAIN_DRAW, "full", "random", plain=True, private=True, pick=rng.getrandbits(63))
+        replays.insert(rng.randint(1, len(replays)), plain)  # never before the first replay (it must see poison)
+        timing = None
+        if self.time_reps is not None:
+            warmup, reps = rng.randint(1, 4), self.time_reps + rng.randint(0, max(1, self.time_reps // 2))
+            timing = TimingPlan(warmup, reps, tuple(rng.choice(POISONS) for _ in range(warmup + reps)),
+                                tuple(rng.getrandbits(63) for _ in range(warmup + reps)))
+        return CallPlan((PlannedCall(0, "first", "nan"), *replays), timing)
+
+    def pick(self, alive: Sequence[int]) -> int:
+        """Which of the ``alive`` profile runs makes the next call (uniformly at random)."""
+        return alive[self.rng.randrange(len(alive))]
+
+
+def needs_fresh(kind: str) -> bool:
+    """Whether refill ``kind`` takes a fresh draw of the inputs (the sparse kinds reuse values already there)."""
+    return kind not in SPARSE
+
+
+def refill_inputs(prev: dict[str, torch.Tensor], kind: str, pick: int = 0,
+                  fresh: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The values the live inputs ``prev`` take under refill ``kind``; ``fresh`` is a new draw of them
+    (required when :func:`needs_fresh`). CPU tensors in, new CPU tensors out (``prev`` is not modified).
+
+    The sparse kinds write values taken from other random positions of the same input (so they stay
+    in its distribution, and no new draw is needed): one row (first dimension), or 1-3 cells.
+    """
+    if needs_fresh(kind):
+        if fresh is None:
+            raise ValueError(f"refill {kind!r} needs a fresh draw of the inputs")
+        if kind == "full":
+            return dict(fresh)
+        if kind in ("head", "tail"):
+            return {n: refilled(prev[n], fresh[n], kind) for n in prev}
+        raise ValueError(f"unknown refill kind {kind!r}")
+    floats = sorted(n for n, t in prev.items() if t.dtype.is_floating_point and t.numel() > 1)
+    if not floats:
+        return dict(prev)
+    rng = random.Random(pick)
+    name = rng.choice(floats)
+    mixed = prev[name].clone().contiguous()
+    flat = mixed.view(-1)
+    if kind == "row" and mixed.dim() > 1 and mixed.shape[0] > 1:
+        row, width = rng.randrange(mixed.shape[0]), flat.numel() // mixed.shape[0]
+        cells = range(row * width, (row + 1) * width)
+    else:
+        cells = rng.sample(range(flat.numel()), min(flat.numel(), rng.randint(1, 3)))
+    source = torch.tensor([rng.randrange(flat.numel()) for _ in cells], dtype=torch.long)
+    flat[torch.tensor(list(cells), dtype=torch.long)] = prev[name].contiguous().view(-1)[source]
+    return {**prev, name: mixed}
+
+
+def refilled(old: torch.Tensor, new: torch.Tensor, mode: str) -> torch.Tensor:
+    """One input under a ``full`` / ``head`` / ``tail`` refill (integer inputs keep ``old`` in the partial ones)."""
+    if mode == "full":
+        return new
+    if not new.dtype.is_floating_point:
+        return old
+    mixed = old.clone().contiguous()
+    half = mixed.numel() // 2
+    region = slice(half, None) if mode == "tail" else slice(0, half)
+    mixed.view(-1)[region] = new.contiguous().view(-1)[region]
+    return mixed
