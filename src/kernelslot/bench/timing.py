@@ -8,7 +8,7 @@ or a worker of its own), so the runner's overhead cancels in the ratio. The firs
 are discarded.
 
 Reported (seconds) per side: ``*_s`` (median), ``*_min_s`` / ``*_max_s``, ``*_q1_s`` / ``*_q3_s``
-(the interquartile range), ``*_worker_s`` (median in-worker time of the entry alone, where the
+(the interquartile range), ``*_spread`` ((max - min) / median), ``*_worker_s`` (median in-worker time of the entry alone, where the
 runner measures one) and ``*_roundtrip_s`` (median of referee time minus in-worker time: the
 runner's own cost); then ``speedup`` (incumbent median / candidate median) and ``noise`` (1.0 when
 the two interquartile ranges overlap: the ratio is not distinguishable from noise).
@@ -26,8 +26,9 @@ def summarize(prefix: str, observations: list[CallObservation]) -> dict[str, flo
     """Median, range, quartiles and (where measured) in-worker time and round trip of ``observations``."""
     times = sorted(o.elapsed_s for o in observations)
     q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else (times[0],) * 3
-    out = {f"{prefix}_s": statistics.median(times), f"{prefix}_min_s": times[0], f"{prefix}_max_s": times[-1],
-           f"{prefix}_q1_s": q1, f"{prefix}_q3_s": q3}
+    med = statistics.median(times)
+    out = {f"{prefix}_s": med, f"{prefix}_min_s": times[0], f"{prefix}_max_s": times[-1],
+           f"{prefix}_q1_s": q1, f"{prefix}_q3_s": q3, f"{prefix}_spread": (times[-1] - times[0]) / med if med > 0 else 0.0}
     if all(o.worker_s is not None for o in observations):
         out[f"{prefix}_worker_s"] = statistics.median(o.worker_s for o in observations)  # type: ignore[misc]
         out[f"{prefix}_roundtrip_s"] = statistics.median(o.elapsed_s - o.worker_s for o in observations)  # type: ignore[operator]

@@ -57,7 +57,7 @@ def qualify(bundle, slots: tuple[str, ...], store: str | Path, *, timeout_s: flo
     if not todo:
         return result
     seed = int.from_bytes(os.urandom(4), "little")
-    opts = VerifyOptions(seeds=(seed,), extra_replays=2)
+    opts = VerifyOptions(seeds=(seed,), extra_mean=2.0)
     runner = make_runner(True, timeout_s)
     db = ResultStore(store)
     try:

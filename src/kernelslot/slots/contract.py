@@ -337,7 +337,7 @@ def render_contract(c: dict[str, Any], heading: str = "#", semantics_shown_for: 
     for pc in c["profile_comparators"]:
         lines.append(f"Profile override: {pc} (see the profile table).")
     lines += ["Default elementwise tolerances by output dtype: float32 1e-5, float16 1e-2, bfloat16 2e-2 "
-              "(atol = rtol); NaN in the reference is a don't-care cell.", ""]
+              "(atol = rtol); ties are judged against admissible sets (no don't-care cells).", ""]
     lines += [f"{h2} Model profiles", ""]
     rows = [[m["model"], m["router"], str(m["norm_topk_prob"]), f"{m['routed_scaling_factor']:g}", m["activation"]["formula"],
              str(m["gemma_norm"]), str(m["shared_expert"]), m["expert_format"], ", ".join(m["profiles"])]

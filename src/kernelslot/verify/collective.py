@@ -13,10 +13,10 @@ the view, output storage swapped or aliased, retention (from the rank's use coun
 compares every rank's outputs with the reference computed here. Replies are JSON observations
 (:mod:`kernelslot.verify.collective_wire`); nothing is ever unpickled.
 
-The call sequence is the single-device pipeline's: the first call, replays with full / tail /
-head refills (NaN poison, a finite sentinel on the first replay; a bundle gets up to
-``extra_replays`` more, drawn at random), then the engine-like plain-output call (contiguous
-outputs at offset 0 filled with random values), and on CUDA for ``graph_safe`` candidates a
+The call sequence is the single-device pipeline's call plan (:mod:`kernelslot.verify.plan`): the
+first call, replays with tail / head / sparse refills and a geometric number more (NaN poison, a
+finite sentinel on the first replay), the engine-like plain-output call (contiguous outputs at
+offset 0 filled with random values) at a random position, and on CUDA for ``graph_safe`` candidates a
 captured-graph call replayed with fresh inputs and fresh poison. A call whose checks fail but
 which returns keeps the ranks in step, so the remaining calls still run. Messages start with
 ``rank r:``; a rank that raises, exits, writes on its channel or hangs fails the profile with
@@ -46,8 +46,9 @@ from kernelslot.slots.collective import NEAR_MISSES, RankShare, rank_shares, wor
 from kernelslot.verify.checks import check_call, check_inputs, snapshot
 from kernelslot.verify.collective_session import CollectiveSession, SessionError, stuck_where
 from kernelslot.verify.collective_wire import share_storage, tensor_desc
-from kernelslot.verify.pipeline import (_CALL_CHECKS, REFILL_SCHEDULE, VerifyOptions, clone_case, describe, make_case,
-                                        refilled, select_profiles, tensors_in, to_device)
+from kernelslot.verify.pipeline import (_CALL_CHECKS, VerifyOptions, clone_case, describe, make_case, planner_for,
+                                        select_profiles, tensors_in, to_device)
+from kernelslot.verify.plan import refill_inputs
 from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, SlotReport
 from kernelslot.verify.runner import CallObservation, InProcessRunner, TensorMeta
 
@@ -63,11 +64,12 @@ class _Call:
     """One call of the sequence: which inputs, which poison, which outputs."""
 
     index: int  # case index (0 first call, r replay r, _PLAIN_CALL the plain-output call)
-    refill: str = "full"  # full | tail | head (replays)
+    refill: str = "full"  # a refill kind of verify/plan.py (replays)
     poison: str = "nan"  # nan | finite | random (the plain call)
     plain: bool = False  # contiguous outputs at offset 0, as an engine passes them
     graph: str | None = None  # capture | replay (CUDA graph)
     private: bool = False  # the rank hands the candidate private copies (not shared memory), copied back
+    pick: int = 0  # places a sparse refill (the same positions on every rank)
 
     @property
     def label(self) -> str:
@@ -82,18 +84,17 @@ class _Call:
 
 def call_sequence(opts: VerifyOptions, graphs: bool) -> list[_Call]:
     """The calls of one profile × seed (see the module docstring)."""
-    replays = opts.replays + (secrets.randbelow(opts.extra_replays + 1) if opts.extra_replays else 0)
-    calls = [_Call(0)] + [_Call(r, REFILL_SCHEDULE[(r - 1) % len(REFILL_SCHEDULE)], "finite" if r == 1 else "nan")
-                          for r in range(1, replays + 1)]
-    calls.append(_Call(_PLAIN_CALL, poison="random", plain=True, private=True))
+    calls = [_Call(c.draw, c.refill, "finite" if c.poison == "sentinel" else c.poison, c.plain, private=c.private,
+                   pick=c.pick) for c in planner_for(opts).plan().calls]
     if graphs:
         calls += [_Call(1000, graph="capture"), _Call(1001, graph="replay"), _Call(1002, "tail", graph="replay")]
     return calls
 
 
-def _advance(prev: Case, fresh: Case, live: tuple[str, ...], mode: str) -> Case:
-    """``prev`` with every rank's live inputs refilled from ``fresh`` under ``mode`` (full/tail/head)."""
-    shares = [dataclasses.replace(p, inputs={**p.inputs, **{n: refilled(p.inputs[n], f.inputs[n], mode) for n in live}})
+def _advance(prev: Case, fresh: Case, live: tuple[str, ...], mode: str, pick: int = 0) -> Case:
+    """``prev`` with every rank's live inputs refilled from ``fresh`` under refill kind ``mode``."""
+    shares = [dataclasses.replace(p, inputs={**p.inputs, **refill_inputs({n: p.inputs[n] for n in live}, mode, pick,
+                                                                          {n: f.inputs[n] for n in live})})
               for p, f in zip(rank_shares(prev), rank_shares(fresh))]
     return dataclasses.replace(prev, inputs=shares[0].inputs, meta={**prev.meta, "per_rank": shares})
 
@@ -271,7 +272,8 @@ class _ProfileCheck:
     def begin(self, call: _Call) -> list[list[Any]]:
         """Refill every rank's live inputs in place and poison its outputs; returns each rank's arguments."""
         if call.index:
-            self.case = _advance(self.case, make_case(self.defn, self.profile, self.seed, call.index), self.live, call.refill)
+            self.case = _advance(self.case, make_case(self.defn, self.profile, self.seed, call.index), self.live, call.refill,
+                                 call.pick)
         gen = torch.Generator().manual_seed(secrets.randbits(63))
         self._snaps = []
         values = []

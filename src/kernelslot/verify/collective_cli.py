@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cand = _candidate(a, defn)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         # every rank must draw the same call sequence: no random extra replays under torchrun
-        return _torchrun(a, defn, cand, dataclasses.replace(opts, extra_replays=0))
+        return _torchrun(a, defn, cand, dataclasses.replace(opts, extra_mean=0.0))
     report = verify_collective(defn, cand, opts, progress=_print)
     for err in report.errors:
         print(f"ERROR {err}", file=sys.stderr)
