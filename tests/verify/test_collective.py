@@ -115,7 +115,7 @@ CHEATS = [
     ("collective_skip_reduction", "decode_batch.w2", 30.0, [("compare", 0, "matched_ratio"), ("compare", 1, "matched_ratio")]),
     ("collective_bf16_reduce", "large_rank_varying_magnitude.w2", 30.0, [("compare", 0, "matched_ratio")]),
     ("collective_reduce_into_input", "decode_batch.w2", 30.0, [("input_mutated", 0, "x:")]),
-    ("collective_cache_by_fingerprint", "decode_batch.w2", 30.0, [("replay", 0, "replay 2: out: matched_ratio")]),
+    ("collective_cache_by_fingerprint", "decode_batch.w2", 30.0, [("replay", 0, "replay 1: out: matched_ratio")]),
     ("collective_experts_no_reduce", "ep_decode.w2", 30.0, [("compare", 0, "matched_ratio")]),
     ("collective_experts_wrap_minus_one", "ep_padded_ids.w2", 30.0,
      [("compare", 0, "it matches the reference with id -1 read as the last local expert")]),

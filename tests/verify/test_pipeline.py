@@ -185,3 +185,49 @@ def test_prepare_failure_names_type_message_and_frame_and_unrun_checks_are_skipp
     r = report.results[0]
     assert {c.name: c.status for c in r.checks}["poison_left"] == "skip"  # never "pass" for a check not made
     assert all(c.status != "pass" for c in r.checks)
+
+
+def test_tie_partition_and_admissible_rows():
+    from kernelslot.abi.comparators import AnyOfRows, tie_partition
+
+    sure, tied = tie_partition(torch.tensor([[1.0, 0.999, 0.5, 2.0]]), torch.full((1, 4), 0.01), 2)
+    assert sure.tolist() == [[False, False, False, True]] and tied.tolist() == [[True, True, False, False]]
+    sure, tied = tie_partition(torch.tensor([[1.0, 1.0, 0.5]]), torch.zeros(1, 3), 1)  # exact tie: lower index wins
+    assert sure.tolist() == [[True, False, False]] and not tied.any()
+    choices = AnyOfRows(torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[1.5, 2.5], [0.0, 0.0]]]))
+    assert choices.resolve(torch.tensor([[1.5, 2.5], [3.0, 4.0]])).tolist() == [[1.5, 2.5], [3.0, 4.0]]
+    assert choices.resolve(torch.zeros(2, 2)).tolist()[1] == [0.0, 0.0]
+
+
+def test_timing_summary_marks_overlapping_spreads_as_noise():
+    from kernelslot.bench.timing import time_interleaved
+    from kernelslot.verify.plan import TimingPlan
+    from kernelslot.verify.runner import CallObservation
+
+    plan = TimingPlan(1, 4, ("nan",) * 5, (0,) * 5)
+    order: list[str] = []
+
+    def side(name, times):
+        def call(i):
+            order.append(name)
+            return CallObservation(elapsed_s=times[i], worker_s=times[i] / 2)
+        return call
+
+    clear = time_interleaved(plan, side("A", [9, 1, 1.1, 1.2, 1.1]), side("B", [9, 2, 2.1, 2.2, 2.1]))
+    assert order[:4] == ["A", "B", "A", "B"] and clear["noise"] == 0.0 and 1.8 < clear["speedup"] < 2.0
+    assert clear["candidate_roundtrip_s"] == clear["candidate_worker_s"]
+    noisy = time_interleaved(plan, side("A", [9, 1, 2, 1, 2]), side("B", [9, 1.5, 2.5, 1.5, 2.5]))
+    assert noisy["noise"] == 1.0
+    assert time_interleaved(plan, lambda i: None, side("B", [1] * 5)) == {}  # a failed check stops timing
+
+
+def test_a_kernel_that_never_loaded_passes_no_call_check(tmp_path):
+    from kernelslot.slots.base import KernelSource
+
+    bad = tmp_path / "broken.py"
+    bad.write_text("def entry(x, out):\n    return (\n")
+    cand = Candidate(Kernel(None, name="broken", source=KernelSource(entry="entry", file=str(bad))))
+    report = verify_slot(get_slot("activation.silu_and_mul"), cand, VerifyOptions(dtypes=(torch.float32,), profiles=("single_token",)))
+    statuses = {c.name: c.status for c in report.results[0].checks}
+    assert statuses["raised"] == "fail"
+    assert all(statuses[n] == "skip" for n in ("poison_left", "out_of_bounds_write", "retained_tensor", "compare", "replay"))
