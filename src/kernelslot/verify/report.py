@@ -29,22 +29,25 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
 _REFEREE = ("/kernelslot/verify/", "/kernelslot/bench/", "/kernelslot/dispatch/")
 
 
-def traceback_summary(text: str) -> str:
-    """``text`` led by one line naming the exception and the innermost frame outside the referee.
-
-    For a traceback: ``"<first line>: ValueError: bad (at kernel.py:12 in prepare)"`` then the
-    full text, so the one-line table view shows the type, the message and the candidate's frame.
-    Text that is not a traceback is returned unchanged.
-    """
-    lines = text.strip().splitlines()
-    frames = [m for m in (_FRAME.match(line) for line in lines) if m and not any(r in m.group(1) for r in _REFEREE)]
+def candidate_frame(text: str) -> str | None:
+    """``file.py:12 in func`` of the innermost traceback frame in ``text`` outside the referee, if any."""
+    frames = [m for m in (_FRAME.match(line) for line in text.splitlines()) if m and not any(r in m.group(1) for r in _REFEREE)]
     if not frames:
+        return None
+    return f"{frames[-1].group(1).rsplit('/', 1)[-1]}:{frames[-1].group(2)} in {frames[-1].group(3)}"
+
+
+def traceback_summary(text: str) -> str:
+    """``text`` led by one line with its last line (the exception type and message, or a runner's
+    ``[cause]`` line) and the candidate's innermost frame, so the one-line table view shows them:
+    ``"prepare() raised: ValueError: bad (at kernel.py:12 in prepare)"``, then the full text."""
+    lines = text.strip().splitlines()
+    if not lines:
         return text
-    exc = next((line.strip() for line in reversed(lines) if line.strip() and not line.startswith(" ")
-                and not line.startswith("Traceback") and not line.startswith("[")), lines[-1].strip())
-    where = f"{frames[-1].group(1).rsplit('/', 1)[-1]}:{frames[-1].group(2)} in {frames[-1].group(3)}"
-    head = lines[0].rstrip(":") if not lines[0].startswith("Traceback") else "raised"
-    return f"{head}: {exc} (at {where})\n{text}"
+    where = candidate_frame(text)
+    lead = lines[0].rstrip()
+    head = lead.rstrip(":") + ": " if len(lines) > 1 and lead.endswith(":") and not lead.startswith("Traceback") else ""
+    return f"{head}{lines[-1].strip()}" + (f" (at {where})" if where else "") + "\n" + text
 
 
 @dataclass
