@@ -192,8 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          world_sizes=tuple(a.world_size) if a.world_size else (2,), collective_timeout_s=a.timeout)
     cand = _candidate(a, defn)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        # every rank must draw the same call sequence: no random extra replays under torchrun
-        return _torchrun(a, defn, cand, dataclasses.replace(opts, extra_mean=0.0))
+        # every rank must draw the same call plan: seeded from the first seed, no random extra replays
+        return _torchrun(a, defn, cand, dataclasses.replace(opts, extra_mean=0.0, plan_seed=opts.seeds[0]))
     report = verify_collective(defn, cand, opts, progress=_print)
     for err in report.errors:
         print(f"ERROR {err}", file=sys.stderr)
