@@ -184,3 +184,18 @@ def test_torchrun_entry_point_two_ranks_gloo():
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS collective.ar_residual_rmsnorm decode_batch.w2[float32]" in done.stdout
+
+
+def test_pass_covers_only_the_world_sizes_that_ran(pools):
+    """A domain admitting any group size, verified at 2, is clipped to world_size 2..2 with a note;
+    one that declares exactly the verified size gets no note."""
+    from kernelslot.abi.capability import CapabilityDomain
+    defn = get_slot("collective.all_reduce")
+    opts = VerifyOptions(world_sizes=(2,), profiles=("single_token.w2",), dtypes=(torch.float32,))
+    any_size = Candidate(defn.incumbent)
+    wide = verify_collective(defn, any_size, opts, sessions=pools(30.0))
+    assert wide.passed and wide.envelope[any_size.name]["world_size"] == [2, 2]
+    assert any("admits world_size >= 1; verified only at 2" in n for n in wide.notes), wide.notes
+    exact = Candidate(defn.incumbent, domain=CapabilityDomain.from_mapping({"world_size": {"exact": 2}}))
+    narrow = verify_collective(defn, exact, opts, sessions=pools(30.0))
+    assert narrow.passed and narrow.envelope[exact.name]["world_size"] == [2, 2] and not narrow.notes

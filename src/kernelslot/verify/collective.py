@@ -48,6 +48,7 @@ from kernelslot.verify.collective_session import CollectiveSession, SessionError
 from kernelslot.verify.collective_wire import share_storage, tensor_desc
 from kernelslot.verify.pipeline import (_CALL_CHECKS, VerifyOptions, clone_case, describe, make_case, planner_for,
                                         select_profiles, tensors_in, to_device)
+from kernelslot.verify.envelope import declared_bounds
 from kernelslot.verify.plan import refill_inputs
 from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, SlotReport
 from kernelslot.verify.runner import CallObservation, InProcessRunner, TensorMeta
@@ -424,6 +425,7 @@ def verify_collective(defn: SlotDef, candidates: Candidate | Sequence[Candidate]
     finally:
         while owned and sessions:
             sessions.popitem()[1].close()
+    _record_world_envelope(report, cands, profiles)
     if not report.results:
         worlds = sorted({world_of(p) for p in defn.profiles})
         report.errors.append(f"no profile selected (world sizes {list(opts.world_sizes)}; this slot has {worlds}; "
@@ -431,6 +433,25 @@ def verify_collective(defn: SlotDef, candidates: Candidate | Sequence[Candidate]
     elif all(r.skipped_reason for r in report.results):
         report.errors.append("no profile falls inside any declared domain: the candidate was never exercised")
     return report
+
+
+def _record_world_envelope(report: SlotReport, cands: list[Candidate], profiles: list[Profile]) -> None:
+    """A pass covers only the group sizes that ran: record each variant's verified world-size
+    envelope (``dispatch`` routes only inside declared ∩ verified) and say where its domain admits
+    world sizes beyond it."""
+    by_name = {p.name: p for p in profiles}
+    for cand in cands:
+        worlds = sorted({world_of(by_name[r.profile]) for r in report.results
+                         if r.kernel == cand.name and r.passed and r.profile in by_name})
+        if not worlds:
+            continue
+        report.envelope.setdefault(cand.name, {})["world_size"] = [worlds[0], worlds[-1]]
+        lo, hi = declared_bounds(cand.domain, "world_size")
+        if lo < worlds[0] or hi > worlds[-1]:
+            admits = f"{lo:g}..{hi:g}" if hi != float("inf") else f">= {lo:g}"
+            report.notes.append(f"{cand.name}: its domain admits world_size {admits}; verified only at "
+                                f"{', '.join(map(str, worlds))} (routes only inside world_size "
+                                f"{worlds[0]}..{worlds[-1]}; add --world-size N to verify more)")
 
 
 def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: int, opts: VerifyOptions,
