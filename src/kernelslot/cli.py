@@ -230,6 +230,8 @@ def _make_runner(args: argparse.Namespace, bundle: object | None):
         raise UsageError("--require-sandbox and --in-process contradict each other: in-process candidate code is not sandboxed")
     if args.memory_limit < 0:
         raise UsageError(f"--memory-limit must be >= 0 GiB (0: no cap), got {args.memory_limit}")
+    if args.sandbox:  # every sandbox consumer of this run reads it: collective rank processes too
+        os.environ["KERNELSLOT_SANDBOX"] = args.sandbox
     try:
         return make_runner(isolate, args.timeout, device=args.device, memory_limit_gib=args.memory_limit or None,
                            sandbox=args.sandbox, require_sandbox=args.require_sandbox)
