@@ -134,3 +134,39 @@ def test_bwrap_command_shape():
     assert "--unshare-net" in cmd and "--unshare-pid" in cmd and cmd[cmd.index("--seccomp") + 1] == "7"
     assert cmd[-3:] == ["--", "python", "-"]
     assert "--unshare-net" not in box.command(["x"], scratch_dir="/s", allow_loopback=True)
+
+
+_IMPORTS = r"""
+import os, sys
+sys.path[:0] = [{src!r}, {lib!r}]
+from kernelslot.verify import sandbox
+sandbox.confine({mode!r}, {scratch!r})
+import ks_tmp_probe
+print("imported", ks_tmp_probe.VALUE)
+try:
+    open(os.path.join({lib!r}, "ks_written"), "w").close(); print("wrote")
+except OSError as exc:
+    print("denied", exc.errno)
+"""
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "unshare"])
+def test_import_paths_under_tmp_stay_visible_and_read_only(mode, tmp_path, monkeypatch):
+    """A checkout or virtual environment under /tmp (CI clones there) is shown read-only inside the
+    sandbox's private /tmp, so sandboxed workers and ranks can still import the referee and torch."""
+    try:
+        box = sandbox.select(mode)
+    except sandbox.SandboxUnavailable as exc:
+        pytest.skip(str(exc))
+    lib, scratch = tmp_path / "lib", tmp_path / "scratch"
+    lib.mkdir(), scratch.mkdir()
+    (lib / "ks_tmp_probe.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(lib))
+    assert str(lib.resolve()) in sandbox.with_interpreter_paths([]) or str(tmp_path.resolve()) in sandbox.with_interpreter_paths([])
+    code = _IMPORTS.format(src=SRC, lib=str(lib), mode=mode, scratch=str(scratch))
+    proc = box.popen([sys.executable, "-c", code], scratch_dir=str(scratch), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                     text=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.splitlines() == ["imported 42", f"denied {__import__('errno').EROFS}"], out
+    assert not (lib / "ks_written").exists()

@@ -36,6 +36,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from typing import Sequence
 
 from kernelslot.verify import seccomp
@@ -78,7 +79,7 @@ class Sandbox:
                    "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                    *(["--unshare-net"] if net is None else []),
                    "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--hostname", "localhost"]
-            for path in visible:
+            for path in with_interpreter_paths(visible):
                 cmd += ["--ro-bind", path, path]
             for dev in sorted(glob.glob("/dev/nvidia*")) + sorted(glob.glob("/dev/dri")):
                 cmd += ["--dev-bind", dev, dev]  # the GPU stays usable (it is not isolated: see the threat model)
@@ -208,6 +209,29 @@ def _mount(libc: ctypes.CDLL, source: str | None, target: str, fstype: str | Non
         raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
 
 
+def _under_tmp(path: str) -> bool:
+    tmp = os.path.realpath(tempfile.gettempdir())
+    return any((path + "/").startswith(root + "/") for root in {SCRATCH, tmp})
+
+
+def with_interpreter_paths(visible: Sequence[str]) -> list[str]:
+    """``visible`` plus what this interpreter runs from that lives under ``/tmp`` (a checkout or a
+    virtual environment there: ``sys.prefix``, the executable's directory, ``sys.path``), which
+    the sandbox's private ``/tmp`` would otherwise hide; nested paths are collapsed. Read-only."""
+    wanted = {os.path.realpath(p) for p in visible}
+    for p in (sys.prefix, sys.exec_prefix, os.path.dirname(sys.executable), *sys.path):
+        if p:
+            # the venv's own path, not its target: bin/python there is a link into /usr
+            for q in {os.path.abspath(p), os.path.realpath(p)}:
+                if _under_tmp(q) and os.path.exists(q) and q not in (SCRATCH, os.path.realpath(tempfile.gettempdir())):
+                    wanted.add(q)
+    kept: list[str] = []
+    for path in sorted(wanted, key=len):
+        if not any((path + "/").startswith(k + "/") for k in kept):
+            kept.append(path)
+    return sorted(kept)
+
+
 def _unescape(path: str) -> str:
     return path.encode().decode("unicode_escape") if "\\" in path else path
 
@@ -229,7 +253,8 @@ def _lock_filesystem(scratch_dir: str, visible: Sequence[str]) -> None:
     with open("/proc/self/mountinfo") as f:
         mounts = [(_unescape(line.split()[4]), line.split()[5].split(",")) for line in f]
     for target, opts in mounts:
-        if target in (SCRATCH, "/dev/shm") or target.startswith(("/proc", SCRATCH + "/")):
+        shown = any((target + "/").startswith(v + "/") for v in visible)  # read-only like the rest
+        if target in (SCRATCH, "/dev/shm") or target.startswith("/proc") or (target.startswith(SCRATCH + "/") and not shown):
             continue
         flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | sum(_LOCKED.get(o, 0) for o in opts)
         try:
@@ -257,7 +282,7 @@ def _drop_capabilities() -> None:
 def confine(mode: str, scratch_dir: str, visible: Sequence[str] = ()) -> None:
     """Called first thing in a sandboxed process, before candidate code: finish what its launcher could not."""
     if mode == "unshare":
-        _lock_filesystem(scratch_dir, visible)
+        _lock_filesystem(scratch_dir, with_interpreter_paths(visible))
         _drop_capabilities()
     if mode != "bwrap":  # bubblewrap loaded the filter before exec
         seccomp.install()
