@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from kernelslot.verify.collective_wire import WireError, map_storage, recv_frame, send_frame
-from kernelslot.verify.worker_main import _identity, _short_repr  # the single-device worker's own observation helpers
+from kernelslot.verify.worker_main import _identity, _short_repr, argument_meta  # the single-device worker's own observation helpers
 
 __all__ = ["init_rank", "forbid_group_creation", "main"]
 
@@ -176,17 +176,7 @@ class _Rank:
         except BaseException:  # noqa: BLE001 - SystemExit from candidate code is contained too
             reply.update(error=traceback.format_exc(limit=8), cause="exception")
         reply["worker_ns"] = _clock() - start
-        meta: list[Any] = [None] * len(args)
-        for i, t in tensors:
-            now = _identity(t)
-            if now == before[i]:
-                meta[i] = "same"
-                continue
-            key = self.locate(now[1])
-            base = self.storages[key].data_ptr() if key is not None else now[1]
-            meta[i] = {"key": key, "data_delta": now[0] - base, "storage_delta": now[1] - base, "nbytes": now[2],
-                       "shape": list(now[3]), "stride": list(now[4]), "offset": now[5], "dtype": now[6]}
-        reply["meta"] = meta
+        reply["meta"] = argument_meta(len(args), tensors, before, self.locate, self.storages)
         for mine, copy in zip(shared, args) if private else ():
             if isinstance(mine, torch.Tensor) and copy.shape == mine.shape and copy.dtype == mine.dtype:
                 mine.copy_(copy)  # the referee judges the shared tensors (inputs too: a mutation shows)

@@ -74,6 +74,23 @@ def _identity(t: torch.Tensor) -> tuple:
     return (t.data_ptr(), s.data_ptr(), s.nbytes(), tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype))
 
 
+def argument_meta(n: int, tensors: list, before: dict, locate: Any, storages: dict) -> list[Any]:
+    """What each of ``n`` arguments views after a call: ``"same"``, or where it now points, relative
+    to the shared storage it lies in (``locate``: a storage pointer -> its key in ``storages``), for
+    the referee to translate into its own addresses (``output_storage_swapped``, rebinding)."""
+    meta: list[Any] = [None] * n
+    for i, t in tensors:
+        now = _identity(t)
+        if now == before[i]:
+            meta[i] = "same"
+            continue
+        key = locate(now[1])
+        base = storages[key].data_ptr() if key is not None else now[1]
+        meta[i] = {"key": key, "data_delta": now[0] - base, "storage_delta": now[1] - base, "nbytes": now[2],
+                   "shape": list(now[3]), "stride": list(now[4]), "offset": now[5], "dtype": now[6]}
+    return meta
+
+
 class _ArgUnpickler(pickle.Unpickler):
     def __init__(self, data: bytes, worker: "_Worker"):
         import io
@@ -205,17 +222,7 @@ class _Worker:
             except Exception:  # noqa: BLE001 - an asynchronous device fault surfaces here
                 text = traceback.format_exc(limit=4)
                 reply.update(error=text, cause="out_of_memory" if memory_error_text(text) else "exception")
-        meta: list[Any] = [None] * len(args)
-        for i, t in tensors:
-            now = _identity(t)
-            if now == before[i]:
-                meta[i] = "same"
-                continue
-            key = self.locate(now[1])
-            base = self.storages[key].data_ptr() if key is not None else now[1]
-            meta[i] = {"key": key, "data_delta": now[0] - base, "storage_delta": now[1] - base, "nbytes": now[2],
-                       "shape": list(now[3]), "stride": list(now[4]), "offset": now[5], "dtype": now[6]}
-        reply["meta"] = meta
+        reply["meta"] = argument_meta(len(args), tensors, before, self.locate, self.storages)
         if check:
             retained = [i for i, t in tensors if torch._C._storage_Use_Count(t.untyped_storage()._cdata) > uses[i]]
             if retained:
