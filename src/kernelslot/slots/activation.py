@@ -5,7 +5,7 @@ import torch
 
 from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import activation as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -43,6 +43,11 @@ def _describe(case: Case) -> CallDescriptor:
     return CallDescriptor(num_tokens=x[..., 0].numel(), hidden_size=x.shape[-1] // 2)
 
 
+def _traffic(case: Case) -> Traffic:
+    """Both halves of x read, every output written."""
+    return Traffic(nbytes(case.inputs["x"]) + output_traffic(case).bytes)
+
+
 INCUMBENT = Kernel(builtin.silu_and_mul, name="builtin.silu_and_mul")
 
 SLOTS = (
@@ -61,5 +66,6 @@ SLOTS = (
         builtins=(Candidate(INCUMBENT, graph_safe=True),),
         describe=_describe,
         sizes=(("hidden_size", "d"),),
+        traffic=_traffic,
     ),
 )

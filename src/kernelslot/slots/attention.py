@@ -23,7 +23,7 @@ import torch
 
 from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import attention as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ADVERSARIAL = frozenset({"adversarial"})
@@ -99,6 +99,15 @@ def _sdpa_describe(case: Case) -> CallDescriptor:
         phase="decode" if q.shape[0] == 1 else "prefill", num_tokens=q.shape[0], batch_size=1, kv_len=k.shape[0],
         num_q_heads=q.shape[1], num_kv_heads=k.shape[1], head_dim=q.shape[2], layout="thd", quant="dense",
     )
+
+
+def _sdpa_traffic(case: Case) -> Traffic:
+    """q, k and v read whole (the last query sees every key), out written; 4·D flops per visible
+    (query head, key) pair."""
+    q, k = case.inputs["q"], case.inputs["k"]
+    (t, hq, d), s = q.shape, k.shape[0]
+    pairs = sum(min(s, max(0, i + s - t + 1)) for i in range(t)) if case.inputs["causal"] else t * s
+    return Traffic(nbytes(q, k, case.inputs["v"]) + output_traffic(case).bytes, 4 * d * hq * pairs)
 
 
 # --------------------------------------------------------------------------- attention.decode
@@ -216,6 +225,22 @@ def _decode_describe(case: Case) -> CallDescriptor:
     )
 
 
+def _decode_traffic(case: Case) -> Traffic:
+    """q and the id tensors read, out written, and the k/v rows of every attended token (each
+    request × kv head's token set, as the reference builds it); 4·D flops per (query head, token)."""
+    inp = case.inputs
+    q, kc, bs = inp["q"], inp["k_cache"], inp["block_size"]
+    group = q.shape[1] // kc.shape[1]
+    row = kc[0].numel() // kc.shape[1] * kc.element_size()  # one token of one kv head, k or v
+    tokens = 0
+    for g, per_req in enumerate(inp["topk_idx"].tolist()):
+        for b, ids in enumerate(per_req):
+            n = int(inp["seq_lens"][b])
+            tokens += sum(max(0, min((j + 1) * bs, n) - j * bs) for j in {j for j in ids if j >= 0})
+    fixed = nbytes(q, inp["topk_idx"], inp["seq_lens"], inp["req_pool_indices"]) + output_traffic(case).bytes
+    return Traffic(fixed + 2 * tokens * row, 4 * q.shape[2] * group * tokens)
+
+
 def _profiles(shapes: dict, model_of: Callable[[str, dict], str], adversarial: set[str]) -> tuple[Profile, ...]:
     return tuple(
         Profile(name, dims, dt, model=model_of(name, dims), tags=ADVERSARIAL if name in adversarial else frozenset())
@@ -242,6 +267,7 @@ SLOTS = (
                            {"single_token_mqa", "ragged_gqa_causal_nonpow2", "saturating_logits"}),
         incumbent=SDPA_INCUMBENT,
         describe=_sdpa_describe,
+        traffic=_sdpa_traffic,
         builtins=(Candidate(SDPA_INCUMBENT, graph_safe=True),),
     ),
     SlotDef(
@@ -254,6 +280,7 @@ SLOTS = (
                             "mqa_saturating_logits"}),
         incumbent=DECODE_INCUMBENT,
         describe=_decode_describe,
+        traffic=_decode_traffic,
         builtins=(Candidate(DECODE_INCUMBENT, graph_safe=True),),
         notes="graph-safe incumbent: masks instead of data-dependent shapes; no host synchronisation",
     ),

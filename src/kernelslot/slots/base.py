@@ -9,6 +9,7 @@ process only. ``describe`` turns a case into the :class:`CallDescriptor` used fo
 from __future__ import annotations
 
 import importlib.util
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -16,7 +17,8 @@ import torch
 
 from kernelslot.abi import CallDescriptor, CapabilityDomain, Comparator, OutputSpec, Slot
 
-__all__ = ["Profile", "Case", "Kernel", "KernelSource", "Override", "Needs", "Candidate", "SlotDef", "OutputSpec", "randn", "dtype_name"]
+__all__ = ["Profile", "Case", "Kernel", "KernelSource", "Override", "Needs", "Candidate", "SlotDef", "OutputSpec", "Traffic",
+           "randn", "dtype_name", "nbytes", "output_traffic"]
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,30 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Traffic:
+    """The least work one call must do: bytes it must read plus write, and floating-point operations.
+
+    A lower bound, never an estimate: only what every honest implementation touches (each output
+    cell is written, every input the result depends on wholly is read; a prepared weight counts
+    where every call needs it). ``bench/roofline.py`` turns it into the call's physics floor.
+    """
+
+    bytes: int
+    flops: int = 0
+
+
+def nbytes(*tensors: Any) -> int:
+    """Bytes held by the tensors among ``tensors`` (anything else counts 0)."""
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def output_traffic(case: Case) -> Traffic:
+    """The floor every slot has: each output cell is written once (``poison_left`` checks it)."""
+    return Traffic(sum(math.prod(s.shape) * torch.empty((), dtype=s.dtype).element_size()
+                       for s in case.outputs.values() if s is not None))
+
+
+@dataclass(frozen=True)
 class SlotDef:
     slot: Slot
     make_case: Callable[[Profile, torch.Generator], Case]
@@ -176,6 +202,8 @@ class SlotDef:
     builtins: tuple["Candidate", ...] = ()
     # CallDescriptor field -> the profile dimension that sets it alone (verify/envelope.py boundary profiles)
     sizes: tuple[tuple[str, str], ...] = ()
+    # the least bytes/flops of one call (bench/roofline.py physics floor); default: its outputs, written once
+    traffic: Callable[[Case], Traffic] = output_traffic
 
     def builtin_candidates(self) -> tuple["Candidate", ...]:
         return self.builtins or (Candidate(self.incumbent),)

@@ -22,7 +22,7 @@ import torch
 from kernelslot.abi import AllOf, Arg, CallDescriptor, CapabilityDomain, Cosine, MatchedRatio, OutputSpec, Role, Slot, SlotKind
 from kernelslot.formats import dequantize_moe_layer_nvfp4, quantize_moe_layer_nvfp4
 from kernelslot.kernels import moe as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 from kernelslot.slots.models import model_profile
 
 FUSED_EXPERTS = Slot(
@@ -118,6 +118,19 @@ def _describe(case: Case) -> CallDescriptor:
                           hidden_size=x.shape[1], intermediate_size=inter, num_experts=e, quant=quant)
 
 
+def _traffic(case: Case) -> Traffic:
+    """x, ids and weights read, out written, and (dense weights) every routed expert's w13 and w2
+    (a prepared weight counts: each call reads the experts its tokens route to); 6·H·I flops per
+    routed (token, expert) pair."""
+    a, b = case.prepare_args
+    x, ids = case.inputs["x"], case.inputs["topk_ids"]
+    used = {e for e in ids.flatten().tolist() if e >= 0}
+    h, inter = x.shape[1], (b.intermediate_size if isinstance(a, str) else b.shape[2])
+    experts = 0 if isinstance(a, str) else len(used) * (a[0].numel() * a.element_size() + b[0].numel() * b.element_size())
+    fixed = nbytes(x, ids, case.inputs["topk_weights"]) + output_traffic(case).bytes
+    return Traffic(fixed + experts, 6 * h * inter * int((ids >= 0).sum()))
+
+
 def _profiles() -> tuple[Profile, ...]:
     out = []
     for name, (m, e, k, h, i, drop, wr, xs, model, quant) in _PROFILES.items():
@@ -143,6 +156,7 @@ SLOTS = (
         profiles=_profiles(),
         incumbent=SILU_KERNEL,
         describe=_describe,
+        traffic=_traffic,
         builtins=(
             Candidate(SILU_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["generic", "qwen3-moe"]}})),
             Candidate(SWIGLUOAI_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["MiniMax-M3", "gpt-oss"]}})),

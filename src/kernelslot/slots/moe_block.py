@@ -35,7 +35,7 @@ from kernelslot.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from kernelslot.kernels.moe_block import moe_block_tkg, prepare_moe_block
 from kernelslot.kernels.moe_block.config import MoeBlockConfig, ScalingMode, SharedExpert
 from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
-from kernelslot.slots.base import Case, Kernel, OutputSpec, Profile, SlotDef, randn
+from kernelslot.slots.base import Case, Kernel, OutputSpec, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 from kernelslot.slots.models import MODELS
 
 __all__ = ["MoeBlockLayer", "make_expert_weights", "moe_block_reference", "SLOT", "SLOTS"]
@@ -321,6 +321,16 @@ def _describe(case: Case) -> CallDescriptor:
     )
 
 
+def _traffic(case: Case) -> Traffic:
+    """x (and residual) read, every output written, the norm and router weights read whole (every
+    token scores every expert): 2·E·H router flops per token. Routed experts are not counted (which
+    are local depends on the routing)."""
+    layer: MoeBlockLayer = case.prepare_args[1]
+    x = case.inputs["x"]
+    fixed = nbytes(x, case.inputs["residual"], layer.gamma, layer.router_weight) + output_traffic(case).bytes
+    return Traffic(fixed, 2 * x.shape[0] * layer.router_weight.numel())
+
+
 # MX profiles: the reference quantises the expert input and the SwiGLU intermediate to MXFP8
 # (the seed's MX projection). A value a hair away from an E4M3 rounding boundary (an honest kernel
 # that rounds h or the intermediate to bf16 first) lands one step (up to 6%) away, so cells
@@ -393,6 +403,7 @@ SLOTS: tuple[SlotDef, ...] = (
         incumbent=Kernel(entry=moe_block_tkg, prepare=prepare_moe_block, name="kernelslot.moe_block_tkg"),
         describe=_describe,
         sizes=(("num_tokens", "T"),),
+        traffic=_traffic,
         notes="NO_SCALE sums each token's routed set (not the seed's non-zero columns); every given clamp applies.",
     ),
 )

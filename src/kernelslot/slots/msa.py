@@ -26,7 +26,7 @@ import torch
 from kernelslot.abi import Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind, TopKOverlap
 from kernelslot.abi.comparators import tie_partition, unit_roundoff
 from kernelslot.kernels import msa as builtin
-from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ADVERSARIAL = frozenset({"adversarial"})
@@ -121,6 +121,16 @@ def _score_describe(case: Case) -> CallDescriptor:
         block_size=case.inputs["block_size"], num_q_heads=q.shape[1], num_kv_heads=1, head_dim=q.shape[2],
         layout="bsd", quant="dense",
     )
+
+
+def _score_traffic(case: Case) -> Traffic:
+    """q and seq_lens read, every request's keys before its seq_len read, out written; 2·D flops per
+    (head, key)."""
+    q, index_k = case.inputs["q"], case.inputs["index_k"]
+    keys = int(case.inputs["seq_lens"].clamp(max=index_k.shape[1]).sum())
+    row = index_k.shape[2] * index_k.element_size()
+    return Traffic(nbytes(q, case.inputs["seq_lens"]) + keys * row + output_traffic(case).bytes,
+                   2 * q.shape[1] * q.shape[2] * keys)
 
 
 # --------------------------------------------------------------------------- msa_prefill_block_score
@@ -295,6 +305,17 @@ def _prefill_describe(case: Case) -> CallDescriptor:
     )
 
 
+def _prefill_traffic(case: Case) -> Traffic:
+    """q read, each request's keys before its seq_len read, out_topk written; 2·D flops per
+    (head, visible query/key pair)."""
+    inp = case.inputs
+    q, cache = inp["q"], inp["index_k_cache"]
+    seq, prefix = inp["seq_lens"].tolist(), inp["prefix_lens"].tolist()
+    pairs = sum((n - p) * p + (n - p) * (n - p + 1) // 2 for n, p in zip(seq, prefix))
+    row = cache.shape[-1] * cache.element_size()
+    return Traffic(nbytes(q) + sum(seq) * row + output_traffic(case).bytes, 2 * q.shape[1] * q.shape[2] * pairs)
+
+
 _SCORE_DIMS = {
     name: dict(seq_lens=sl, Hi=hi, D=d, S=s, bs=bs, integer=integer, dup=dup, model=model)
     for name, (sl, hi, d, s, bs, integer, dup, model) in _SCORE_SHAPES.items()
@@ -320,6 +341,7 @@ SLOTS = (
                                          "ties_integer_duplicated_blocks", "nonpow2_partial_blocks"}),
         incumbent=Kernel(builtin.msa_block_score, name="builtin.msa_block_score"),
         describe=_score_describe,
+        traffic=_score_traffic,
     ),
     SlotDef(
         slot=PREFILL,
@@ -332,6 +354,7 @@ SLOTS = (
                                              "ties_integer_scores", "nonpow2_blocks"}),
         incumbent=Kernel(builtin.msa_prefill_block_score, name="builtin.msa_prefill_block_score"),
         describe=_prefill_describe,
+        traffic=_prefill_traffic,
         audit=_prefill_audit,
     ),
 )

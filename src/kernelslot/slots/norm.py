@@ -5,7 +5,7 @@ import torch
 
 from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import norm as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 from kernelslot.slots.models import model_profile
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -51,6 +51,11 @@ def _describe(case: Case) -> CallDescriptor:
     return CallDescriptor(num_tokens=x.shape[0], hidden_size=x.shape[-1])
 
 
+def _traffic(case: Case) -> Traffic:
+    """Every x and weight element read, every output written."""
+    return Traffic(nbytes(case.inputs["x"], case.inputs["weight"]) + output_traffic(case).bytes)
+
+
 INCUMBENT = Kernel(builtin.rmsnorm, name="builtin.rmsnorm")
 
 SLOTS = (
@@ -69,5 +74,6 @@ SLOTS = (
         builtins=(Candidate(INCUMBENT, graph_safe=True),),
         describe=_describe,
         sizes=(("num_tokens", "rows"), ("hidden_size", "hidden")),
+        traffic=_traffic,
     ),
 )

@@ -231,8 +231,10 @@ class _ProfileRun:
 
     def _time(self, plan: TimingPlan) -> None:
         """Candidate and incumbent alternate (ABAB) on the same fresh inputs; every candidate call,
-        warm-ups included, is refilled, poisoned and checked outside its timed window."""
-        from kernelslot.bench.timing import time_interleaved
+        warm-ups included, is refilled, poisoned and checked outside its timed window; a time below the
+        call's physics floor (bench/roofline.py) fails ``time_impossible``."""
+        from kernelslot.bench import roofline
+        from kernelslot.bench.timing import impossible_message, time_interleaved
 
         incumbent = self.defn.incumbent_for(self.desc)
         trusted = inc_args = None
@@ -246,9 +248,12 @@ class _ProfileRun:
                     return
                 inc_args = [inc_prepared if a.role is Role.PREPARED else v for a, v in zip(self.defn.slot.args, self.args)]
 
+        traffic: dict[int, Any] = {}
+
         def candidate(i: int) -> CallObservation | None:
             call = PlannedCall(TIMED_DRAW + i, "full", plan.poisons[i], pick=plan.picks[i])
             self.ref_case = refill_live(self.defn, self.profile, self.seed, call.draw, self.case, self.ref_case)
+            traffic[i] = self.defn.traffic(self.ref_case)
             return self._one_call(call, self.outputs, self.args, "timed call: ")
 
         def incumbent_call(i: int) -> CallObservation:
@@ -256,10 +261,18 @@ class _ProfileRun:
                 alloc.poison(finite=plan.poisons[i] == "sentinel")
             return trusted.call(incumbent, inc_args, check_retention=False)
 
+        def floor(i: int, fresh: bool) -> roofline.Floor:
+            return roofline.floor(traffic[i], self.device, fresh)
+
         try:
-            self.result.timing = time_interleaved(plan, candidate, incumbent_call if trusted is not None else None)
+            self.result.timing = t = time_interleaved(plan, candidate, incumbent_call if trusted is not None else None, floor)
         except RunnerError as exc:
             self.result.record("raised", FAIL, f"timing: {exc}")
+            return
+        if t:
+            self.performed.add("time_impossible")
+        if t.get("impossible"):
+            self.result.record("time_impossible", FAIL, impossible_message(t))
 
     def _args(self, case: Case, outputs: dict, prepared: Any) -> list[Any]:
         args = []
@@ -340,7 +353,8 @@ class _ProfileRun:
                        else f"not run under the {self.runner.name} runner (capture would run candidate code in the referee)"
                        if not self.runner.in_process else why_not)
                 self.result.record(name, SKIP, why)
-            elif (name == "prepare" and not self.defn.slot.needs_prepare) or (name == "audit" and self.defn.audit is None):
+            elif ((name == "prepare" and not self.defn.slot.needs_prepare) or (name == "audit" and self.defn.audit is None)
+                  or (name == "time_impossible" and self.plan.timing is None)):
                 continue
             else:
                 self.result.record(name, SKIP, why_not)

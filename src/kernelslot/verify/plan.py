@@ -86,7 +86,7 @@ class TimingPlan:
 
     warmup: int
     reps: int
-    poisons: tuple[str, ...]  # per call of the sequence (warm-ups first)
+    poisons: tuple[str, ...]  # per call of the sequence (warm-ups first; room for up to ``reps`` more timed pairs)
     picks: tuple[int, ...]
 
 
@@ -133,8 +133,9 @@ class Planner:
         timing = None
         if self.time_reps is not None:
             warmup, reps = rng.randint(1, 4), self.time_reps + rng.randint(0, max(1, self.time_reps // 2))
-            timing = TimingPlan(warmup, reps, tuple(rng.choice(POISONS) for _ in range(warmup + reps)),
-                                tuple(rng.getrandbits(63) for _ in range(warmup + reps)))
+            n = warmup + 2 * reps  # bench/timing.py may add up to ``reps`` pairs where the incumbent is fast
+            timing = TimingPlan(warmup, reps, tuple(rng.choice(POISONS) for _ in range(n)),
+                                tuple(rng.getrandbits(63) for _ in range(n)))
         return CallPlan((PlannedCall(0, "first", "nan"), *replays), timing)
 
     def pick(self, alive: Sequence[int]) -> int:

@@ -33,7 +33,10 @@ def _metric(result: ProfileResult) -> str:
         ms = lambda side: f"{t[side + '_s'] * 1e3:.3g}ms [{t[side + '_q1_s'] * 1e3:.3g}-{t[side + '_q3_s'] * 1e3:.3g}]"
         text = "cand " + ms("candidate")
         if "incumbent_s" in t:
-            text += f" inc {ms('incumbent')} x{t['speedup']:.2f}" + (" (noise: IQRs overlap)" if t.get("noise") else "")
+            text += f" inc {ms('incumbent')}" + (f" x{t['speedup']:.2f}" if "speedup" in t else "") \
+                + (" (noise: IQRs overlap)" if t.get("noise") and "speedup" in t else "")
+        if "floor_s" in t:
+            text += f" floor {t['floor_s'] * 1e6:.3g}us" + (" IMPOSSIBLE (below the physics floor)" if t.get("impossible") else "")
         if "candidate_roundtrip_s" in t:
             text += f" rt {t['candidate_roundtrip_s'] * 1e3:.3g}ms"
         parts.append(text)

@@ -20,6 +20,7 @@ CHECKS = (
     "audit",  # the slot's hard validity audits
     "replay",  # fresh inputs at the same addresses, re-poisoned, compared again
     "graph_replay",  # the same under a captured CUDA graph (CUDA, graph_safe entries)
+    "time_impossible",  # --time: a timed call faster than its physics floor (bench/roofline.py)
 )
 
 PASS, FAIL, SKIP = "pass", "fail", "skip"

@@ -1,0 +1,150 @@
+"""The physics floor for timing: no call is faster than the bytes it must move allow.
+
+A slot declares the least work of one call (``SlotDef.traffic(case) -> Traffic``: bytes it must
+read plus write, and flops). This module measures what the machine can do at most and turns
+the two into the call's **floor**::
+
+    floor_s = max(bytes / bandwidth_ceiling, flops / flops_ceiling)
+
+A measured candidate time below its floor is impossible (the timing fails ``time_impossible``;
+never reported as a speedup): the clock that measured it was lied to, or the work happened
+outside the measured window.
+
+The ceilings are upper bounds, on purpose generous, because calling an honest fast kernel
+impossible is as bad as missing a cheat:
+
+- **Bandwidth** is probed at the call's working-set size (rounded *down* to a power of two, so
+  a call whose data sits in cache is held to cache bandwidth, never to DRAM's): the inputs of a
+  timed call were just written by the referee and are hot. One probe sums a buffer of that size
+  read over and over in one operation (a stride-0 view, so per-operation overhead is amortised),
+  with every intra-op thread. The ceiling is the largest rate any probe of this process measured
+  at that size or smaller, times ``BANDWIDTH_SAFETY`` (4: a hand-written kernel may use the
+  memory system better than ``torch.sum`` does; reads and writes are both counted at the read
+  rate).
+- **Flops**: the largest rate of square matmul probes in float32 and bfloat16 (and float16 on
+  CUDA), times ``FLOPS_SAFETY`` (8: fp8/fp4 units run 2-4x bf16).
+- Before any call is judged impossible the probes run again (the machine may have been loaded
+  while they first ran) and only the best figures count.
+- ``KERNELSLOT_PEAK_GBS`` / ``KERNELSLOT_PEAK_TFLOPS`` replace the probes with a stated ceiling
+  (used as given: no safety factor).
+
+Probes are cached per process, per device and size class; each takes a few milliseconds.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kernelslot.slots.base import Traffic
+
+BANDWIDTH_SAFETY = 4.0
+FLOPS_SAFETY = 8.0
+MIN_PROBE_BYTES = 16 << 10  # below this a call's floor is far under any runner's overhead
+PROBE_READ_BYTES = {"cpu": 32 << 20, "cuda": 1 << 30}  # bytes read per probe (the buffer re-read)
+_clock = time.perf_counter  # bound at import: the floor's own measurements use the referee's clock
+
+_bandwidth: dict[tuple[str, int], float] = {}  # (device, size class) -> best bytes/s measured
+_flops: dict[str, float] = {}  # device -> best flop/s measured
+
+
+@dataclass(frozen=True)
+class Floor:
+    """One call's floor and the figures it came from."""
+
+    seconds: float
+    bytes: int
+    flops: int
+    bandwidth: float  # ceiling used, bytes/s
+    flops_rate: float  # ceiling used, flop/s
+
+
+def _env(name: str) -> float | None:
+    value = os.environ.get(name)
+    try:
+        return float(value) if value else None
+    except ValueError:
+        raise ValueError(f"${name}={value!r} is not a number") from None
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _size_class(nbytes: int) -> int:
+    return max(MIN_PROBE_BYTES, 1 << max(0, int(nbytes).bit_length() - 1))  # a power of two <= nbytes
+
+
+def probe_bandwidth(device: torch.device, size: int, repeats: int = 3) -> float:
+    """Best read rate (bytes/s) of ``repeats`` probes re-reading a hot ``size``-byte buffer."""
+    n = size // 4
+    buf = torch.rand(n, device=device)
+    reps = max(1, PROBE_READ_BYTES.get(device.type, 32 << 20) // size)
+    view = buf.expand(reps, n)  # stride 0: the same bytes read ``reps`` times in one operation
+    best = 0.0
+    for _ in range(repeats + 1):  # the first warms the buffer and the kernel
+        _sync(device)
+        start = _clock()
+        view.sum()
+        _sync(device)
+        elapsed = _clock() - start
+        if elapsed > 0:
+            best = max(best, reps * n * 4 / elapsed)
+    return best
+
+
+def probe_flops(device: torch.device, repeats: int = 3) -> float:
+    """Best matmul rate (flop/s) over float32, bfloat16 (and float16 on CUDA)."""
+    size = 4096 if device.type == "cuda" else 384
+    dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if device.type == "cuda" else ())
+    best = 0.0
+    for dtype in dtypes:
+        a = torch.rand(size, size, device=device).to(dtype)
+        b = torch.rand(size, size, device=device).to(dtype)
+        for _ in range(repeats + 1):
+            _sync(device)
+            start = _clock()
+            a @ b
+            _sync(device)
+            elapsed = _clock() - start
+            if elapsed > 0:
+                best = max(best, 2 * size**3 / elapsed)
+    return best
+
+
+def bandwidth_ceiling(device: torch.device, nbytes: int, fresh: bool = False) -> float:
+    """The most bytes/s a call moving ``nbytes`` can reach here (``fresh``: probe again first)."""
+    stated = _env("KERNELSLOT_PEAK_GBS")
+    if stated is not None:
+        return stated * 1e9
+    size = _size_class(nbytes)
+    key = (str(device), size)
+    if fresh or key not in _bandwidth:
+        _bandwidth[key] = max(_bandwidth.get(key, 0.0), probe_bandwidth(device, size))
+    # a smaller working set is never slower: any rate measured at or below this size bounds it too
+    best = max(v for (d, s), v in _bandwidth.items() if d == str(device) and s <= size)
+    return best * BANDWIDTH_SAFETY
+
+
+def flops_ceiling(device: torch.device, fresh: bool = False) -> float:
+    """The most flop/s any call can reach here (``fresh``: probe again first)."""
+    stated = _env("KERNELSLOT_PEAK_TFLOPS")
+    if stated is not None:
+        return stated * 1e12
+    key = str(device)
+    if fresh or key not in _flops:
+        _flops[key] = max(_flops.get(key, 0.0), probe_flops(device))
+    return _flops[key] * FLOPS_SAFETY
+
+
+def floor(traffic: Traffic, device: torch.device | str, fresh: bool = False) -> Floor:
+    """The least time a call with ``traffic`` can take on ``device``."""
+    device = torch.device(device)
+    bw = bandwidth_ceiling(device, traffic.bytes, fresh) if traffic.bytes > 0 else math.inf
+    fl = flops_ceiling(device, fresh) if traffic.flops > 0 else math.inf
+    seconds = max(traffic.bytes / bw if traffic.bytes else 0.0, traffic.flops / fl if traffic.flops else 0.0)
+    return Floor(seconds, traffic.bytes, traffic.flops, bw, fl)
