@@ -139,8 +139,6 @@ INLINE void buffered(const int nt, const float *buf, int nkb, const float *const
         for (int t = 0; t < nt; ++t) pair_sums(acc[p][t], &res[(2 * p) * nt + t], &res[(2 * p + 1) * nt + t]);
 }
 
-int ks_pair_dot_max_tokens(void) { return NB_MAX; }
-
 void ks_pair_dot_avx2(int nt, const float *buf, int nkb, const float *const *xd, float *res) {
     switch (nt) {
     case 1: buffered(1, buf, nkb, xd, res); break;

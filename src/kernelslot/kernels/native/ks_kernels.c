@@ -399,7 +399,13 @@ static void rows_dot_any(int nt, const float *buf, int K, const float *const *xs
 }
 
 /* The activations of one group's n pairs in every layout a kernel may read. */
-typedef struct { const float *x[KS_GROUP_MAX]; const float *xd[KS_GROUP_MAX]; const uint16_t *xb[KS_GROUP_MAX]; } group_x;
+typedef struct {
+    const float *x[KS_GROUP_MAX];
+    const float *xd[KS_GROUP_MAX];
+    const uint16_t *xb[KS_GROUP_MAX];
+    ks_mxplanes xi[KS_GROUP_MAX];
+    const ks_mxplanes *xip[KS_GROUP_MAX];  /* &xi[t] when the planes exist, else NULL */
+} group_x;
 
 /* out[r * n + i] = <row r of tile tp, activations of pair i> for all n (<= KS_GROUP_MAX) pairs of a group:
  * n small -> decode fused with the dot; else the tile is decoded once and reused by every
@@ -420,6 +426,25 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
     }
 #endif
 #if KS_ISA == 1
+    if (gx->xip[0]) { /* MXFP4 on the MX path: exact integer block sums (ks_mxint_avx2.c) */
+        if (n <= 2) {
+            ks_mxint_tile_fused_avx2(n, tp, nkb, gx->xip, res);
+            SCATTER(0, n);
+            return;
+        }
+        void *buf = scratch((ks_mxint_scratch_bytes(nkb) + sizeof(float) - 1) / sizeof(float));
+        if (buf) {
+            ks_mxint_tile_decode_avx2(tp, nkb, buf);
+            ks_mxint_dot_avx2(n, buf, nkb, gx->xip, out); /* out is [r * n + t] */
+            return;
+        }
+        for (int lo = 0; lo < n; lo += 2) { /* no memory for the scratch: fused, 2 at a time */
+            const int nt = n - lo < 2 ? n - lo : 2;
+            ks_mxint_tile_fused_avx2(nt, tp, nkb, gx->xip + lo, res);
+            SCATTER(lo, nt);
+        }
+        return;
+    }
     if (gx->xd[0]) {
         const int nv = fmt == KS_NVFP4, bs = ks_block_bytes(fmt);
         if (n <= 2) {
@@ -476,6 +501,8 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
             gx.x[t] = c->x + tok * H;
             gx.xd[t] = c->xd ? c->xd + tok * 2 * H : NULL;
             gx.xb[t] = c->xb ? c->xb + tok * 2 * H : NULL;
+            if (c->xi) gx.xi[t] = ks_planes_row(c->xi, tok, H);
+            gx.xip[t] = c->xi ? &gx.xi[t] : NULL;
         }
         for (int tile = t0; tile < t1; ++tile) {
             group_tile(ex->format, base + (int64_t)tile * ex->gu_tile_stride, nkb, &gx, n, res);
@@ -494,7 +521,11 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
             for (int t = 0; t < n; ++t) {
                 const int64_t pi = gr->first + t, len = 2 * (int64_t)(t1 - t0);
                 float *row = c->inter + pi * I + 2 * t0;
-                if (c->quantize_inter) ks_mxfp8_qdq(row, row, len);
+                if (c->inter_i) {
+                    ks_mxplanes pl = ks_planes_row(c->inter_i, pi, I);
+                    pl.hi += 2 * t0; pl.lo += 2 * t0; pl.scale += 2 * t0 / 16; pl.has_lo += 2 * t0 / 32;
+                    ks_mxfp8_planes(row, row, pl, len);
+                } else if (c->quantize_inter) ks_mxfp8_qdq(row, row, len);
                 if (c->inter_b) ks_to_bf16_dup(row, c->inter_b + pi * 2 * I + 4 * t0, len);
                 if (c->inter_d) ks_to_fp4pair(row, c->inter_d + pi * 2 * I + 4 * t0, len);
             }
@@ -519,6 +550,8 @@ void SUFFIX(ks_down)(const ks_call *c, int tid, int nth) {
             gx.x[t] = c->inter + pi * I;
             gx.xd[t] = c->inter_d ? c->inter_d + pi * 2 * I : NULL;
             gx.xb[t] = c->inter_b ? c->inter_b + pi * 2 * I : NULL;
+            if (c->inter_i) gx.xi[t] = ks_planes_row(c->inter_i, pi, I);
+            gx.xip[t] = c->inter_i ? &gx.xi[t] : NULL;
         }
         for (int tile = t0; tile < t1; ++tile) {
             group_tile(ex->format, base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);

@@ -90,15 +90,15 @@ static inline uint8_t e8m0_floor_e4m3(float amax) {
     return (uint8_t)(b < 0 ? 0 : b > 254 ? 254 : b);
 }
 
-/* Quantise one 32-element block; writes codes (if non-NULL), returns the scale byte and the
- * dequantised values in y (if non-NULL). */
-static uint8_t mxfp8_block(const float *x, float *y, uint8_t *codes) {
+/* Quantise one 32-element block; writes codes (if non-NULL), returns the scale byte, the
+ * dequantised values in y (if non-NULL, may alias x) and the E4M3 values in ev (if non-NULL). */
+static uint8_t mxfp8_block(const float *x, float *y, uint8_t *codes, float *ev) {
     float amax = 0.0f;
     int nan = 0;
     for (int i = 0; i < 32; ++i) { float a = fabsf(x[i]); if (a != a) nan = 1; amax = a > amax ? a : amax; }
     const uint8_t sb = nan ? 0xFF : e8m0_floor_e4m3(amax);
     if (sb == 0xFF) {
-        for (int i = 0; i < 32; ++i) { if (y) y[i] = NAN; if (codes) codes[i] = 0x7F; }
+        for (int i = 0; i < 32; ++i) { if (y) y[i] = NAN; if (codes) codes[i] = 0x7F; if (ev) ev[i] = 0.0f; }
         return sb;
     }
     const float inv = sb == 254 ? 0x1p-127f : ldexpf(1.0f, 127 - sb), scale = ks_e8m0_lut[sb];
@@ -107,13 +107,33 @@ static uint8_t mxfp8_block(const float *x, float *y, uint8_t *codes) {
         v = v > 448.0f ? 448.0f : v < -448.0f ? -448.0f : v;
         const float r = e4m3_round(v);
         if (codes) codes[i] = e4m3_code(r);
+        if (ev) ev[i] = r;
         if (y) y[i] = r * scale;
     }
     return sb;
 }
 
 void ks_mxfp8_qdq(const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 32) mxfp8_block(x + i, y + i, NULL);
+    for (int64_t i = 0; i < n; i += 32) mxfp8_block(x + i, y + i, NULL, NULL);
+}
+
+void ks_mxfp8_planes(const float *x, float *y, ks_mxplanes p, int64_t n) {
+    float ev[32];
+    for (int64_t b = 0; b < n / 32; ++b) {
+        const uint8_t sb = mxfp8_block(x + 32 * b, y + 32 * b, NULL, ev);
+        int16_t *hi = p.hi + 32 * b, *lo = p.lo + 32 * b;
+        int any = 0;
+        for (int i = 0; i < 32; ++i) {
+            const int32_t a = (int32_t)(ev[i] * 512.0f), h = a / 8; /* exact: |a| < 2^18 */
+            const int pos = (i & 16) | (i & 1) << 3 | (i & 15) >> 1; /* group * 8 + index */
+            hi[pos] = (int16_t)h;
+            lo[pos] = (int16_t)(a - 8 * h);
+            any |= a - 8 * h;
+        }
+        p.scale[2 * b] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 142);
+        p.scale[2 * b + 1] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 145);
+        p.has_lo[b] = any != 0;
+    }
 }
 
 void ks_to_bf16_dup(const float *x, uint16_t *y, int64_t n) {
@@ -136,7 +156,7 @@ int ks_mxfp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *codes
     if (cols % 32) return -1;
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t k = 0; k < cols; k += 32)
-            scales[r * (cols / 32) + k / 32] = mxfp8_block(x + r * cols + k, NULL, codes + r * cols + k);
+            scales[r * (cols / 32) + k / 32] = mxfp8_block(x + r * cols + k, NULL, codes + r * cols + k, NULL);
     return 0;
 }
 
@@ -193,7 +213,9 @@ static void run_task(ks_task *k) {
     if (k->fn) { k->fn(k->call, k->tid, k->nth); return; }
     const int64_t H = k->call->ex->hidden, T = k->call->T;
     const int64_t lo = T * k->tid / k->nth, hi = T * (k->tid + 1) / k->nth;
-    if (k->xq) ks_mxfp8_qdq(k->h + lo * H, k->xq + lo * H, (hi - lo) * H);
+    if (k->xq && k->call->xi)
+        for (int64_t t = lo; t < hi; ++t) ks_mxfp8_planes(k->h + t * H, k->xq + t * H, ks_planes_row(k->call->xi, t, H), H);
+    else if (k->xq) ks_mxfp8_qdq(k->h + lo * H, k->xq + lo * H, (hi - lo) * H);
     const float *x = k->xq ? k->xq : k->h;
     if (k->call->xb) ks_to_bf16_dup(x + lo * H, (uint16_t *)k->call->xb + lo * 2 * H, (hi - lo) * H);
     if (k->call->xd) ks_to_fp4pair(x + lo * H, (float *)k->call->xd + lo * 2 * H, (hi - lo) * H);
@@ -207,6 +229,17 @@ static void task_main(void *arg, int tid, int nth) {
 
 /* Run one phase on nth threads of the pool (ks_pool.c); returns when every slice is done. */
 static void run_phase(ks_task proto, int nth) { ks_pool_run(task_main, &proto, nth); }
+
+/* Planes buffer of n elements (n % 32 == 0); 0 or -1. */
+static int planes_alloc(ks_mxplanes *p, int64_t n) {
+    p->hi = malloc(sizeof(int16_t) * (size_t)(n + 1));
+    p->lo = malloc(sizeof(int16_t) * (size_t)(n + 1));
+    p->scale = malloc(sizeof(float) * (size_t)(n / 16 + 1));
+    p->has_lo = malloc((size_t)(n / 32 + 1));
+    return p->hi && p->lo && p->scale && p->has_lo ? 0 : -1;
+}
+
+static void planes_free(ks_mxplanes *p) { free(p->hi); free(p->lo); free(p->scale); free(p->has_lo); }
 
 /* ---------------------------------------------------------------- entry points */
 /* out[t] += sum_k w(t,k) * down_e(act(gate_up_e(x_t))), e = ids[t,k]; ids < 0 skipped.
@@ -238,11 +271,14 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     const int bf16_path = isa == KS_ISA_AVX512BF16 && quant_act && ex->format == KS_MXFP4 && ex->bf16_scales_ok;
     uint16_t *xb = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * T * ex->hidden + 1)) : NULL;
     uint16_t *inter_b = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
-    const int fp4pair_path = isa == KS_ISA_AVX2 && (ex->format == KS_MXFP4 || ex->format == KS_NVFP4);
+    const int mxint_path = isa == KS_ISA_AVX2 && quant_act && ex->format == KS_MXFP4;
+    const int fp4pair_path = isa == KS_ISA_AVX2 && !mxint_path && (ex->format == KS_MXFP4 || ex->format == KS_NVFP4);
+    ks_mxplanes xi = {0}, ii = {0};
     float *xd = fp4pair_path ? malloc(sizeof(float) * (size_t)(2 * T * ex->hidden + 1)) : NULL;
     float *inter_d = fp4pair_path ? malloc(sizeof(float) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
     if (!count || !pair_token || !pair_weight || !groups || !inter || (quant_act && !xq) ||
         (bf16_path && (!xb || !inter_b)) || (fp4pair_path && (!xd || !inter_d))) { rc = -3; goto done; }
+    if (mxint_path && (planes_alloc(&xi, T * ex->hidden) || planes_alloc(&ii, P_max * ex->inter))) { rc = -3; goto done; }
 
     /* Counting sort of the routed pairs by expert, token order kept inside an expert. */
     for (int64_t p = 0; p < P_max; ++p) if (ids[p] >= 0) count[ids[p] + 1]++;
@@ -265,7 +301,7 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     if (nthreads > ex->inter / KS_KBLOCK) nthreads = ex->inter / KS_KBLOCK;
 
     ks_call call = {ex, act, quant_act ? xq : h, T, groups, ng, pair_token, pair_weight, inter, quant_act, out,
-                    xb, inter_b, xd, inter_d};
+                    xb, inter_b, xd, inter_d, mxint_path ? &xi : NULL, mxint_path ? &ii : NULL};
     ks_task proto = {&call, h, xq, NULL, 0, 1};
     ks_pool_lock();
     if (quant_act || xd) run_phase(proto, T < nthreads ? (int)T : nthreads);
@@ -276,6 +312,7 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     ks_pool_unlock();
 done:
     free(count); free(pair_token); free(pair_weight); free(groups); free(inter); free(xq); free(xb); free(inter_b); free(xd); free(inter_d);
+    planes_free(&xi); planes_free(&ii);
     return rc;
 }
 

@@ -53,6 +53,22 @@ typedef struct {
     int32_t count;       /* number of pairs (tokens) */
 } ks_group;
 
+/* MXFP8 activations as exact int16 planes (ks_mxfp8_planes; AVX2 MX path of MXFP4): per row of
+ * n elements, hi / lo hold n int16: per 32-block the element groups {0,2..14} {1,3..15}
+ * {16,18..30} {17,19..31}, with 512·r = 8·hi + lo for each E4M3 value r; per block the fp32 scales 2^(sb-142) and
+ * 2^(sb-145) (NaN for sb = 0xFF) and a byte: lo non-zero. */
+typedef struct {
+    int16_t *hi, *lo;
+    float *scale;     /* 2 per block */
+    uint8_t *has_lo;  /* 1 per block */
+} ks_mxplanes;
+
+/* Row `row` (of n elements each) of a planes buffer. */
+static inline ks_mxplanes ks_planes_row(const ks_mxplanes *b, int64_t row, int64_t n) {
+    ks_mxplanes r = {b->hi + row * n, b->lo + row * n, b->scale + row * (n / 16), b->has_lo + row * (n / 32)};
+    return r;
+}
+
 typedef struct {
     const ks_experts *ex;
     const ks_act *act;
@@ -69,6 +85,8 @@ typedef struct {
     uint16_t *inter_b;           /* bf16 MX path: (P, 2I) duplicated intermediate, else NULL */
     const float *xd;             /* AVX2 FP4 path: x (T, 2H) in the fp4pair layout, else NULL */
     float *inter_d;              /* AVX2 FP4 path: (P, 2I) fp4pair intermediate, else NULL */
+    const ks_mxplanes *xi;       /* AVX2 MX path (MXFP4): planes of x (T rows of H), else NULL */
+    const ks_mxplanes *inter_i;  /* AVX2 MX path (MXFP4): planes of the intermediate (P rows of I) */
 } ks_call;
 
 /* Bytes of one contraction block of a tile (data then scales of its KS_TILE_ROWS rows). */
@@ -90,6 +108,11 @@ void ks_fp4_tile_fused_avx2(int nv, int nt, const uint8_t *tile, int nkb, int bs
                             const float *const *xd, float *res);          /* nt <= 2 */
 void ks_fp4_tile_decode_avx2(int nv, const uint8_t *tile, int nkb, int bstride, float *buf);
 void ks_pair_dot_avx2(int nt, const float *buf, int nkb, const float *const *xd, float *res); /* nt <= 6 */
+/* AVX2 integer MX-path kernels for MXFP4 (ks_mxint_avx2.c). */
+void ks_mxint_tile_fused_avx2(int nt, const uint8_t *tile, int nkb, const ks_mxplanes *const *x, float *res); /* nt <= 2 */
+size_t ks_mxint_scratch_bytes(int nkb);
+void ks_mxint_tile_decode_avx2(const uint8_t *tile, int nkb, void *buf);
+void ks_mxint_dot_avx2(int nt, const void *buf, int nkb, const ks_mxplanes *const *x, float *res);
 #endif
 
 /* Per-ISA phases, thread `tid` of `nth` (each covers a disjoint slice). */
@@ -119,6 +142,8 @@ float ks_half_to_float(uint16_t h);
 float ks_apply_act(const ks_act *a, float g, float u);
 /* MXFP8 (E4M3, floor E8M0, blocks of 32) quantise-dequantise of n elements (n % 32 == 0). */
 void ks_mxfp8_qdq(const float *x, float *y, int64_t n);
+/* The same q-dq into y (may alias x) plus the exact int16 planes of the quantised values. */
+void ks_mxfp8_planes(const float *x, float *y, ks_mxplanes p, int64_t n);
 /* n elements (n % 32 == 0) -> per 32-block 64 bf16 words: [e0..15, e0..15, e16..31, e16..31]
  * (truncation; exact for values with <= 8 significant bits, e.g. MXFP8 q-dq values). */
 void ks_to_bf16_dup(const float *x, uint16_t *y, int64_t n);
