@@ -102,6 +102,19 @@ static void route(const ks_block *b, const float *logits, float *scores, float *
     }
 }
 
+/* The router GEMV as a pool phase: thread tid scores experts [E*tid/nth, E*(tid+1)/nth) for
+ * every token (each logit is one fixed-order dot, so the thread count never changes a bit). */
+typedef struct { const ks_block *b; const float *h; float *logits; int64_t T; } router_job;
+
+static void router_phase(void *arg, int tid, int nth) {
+    const router_job *j = (const router_job *)arg;
+    const ks_block *b = j->b;
+    const int64_t H = b->hidden, E = b->num_experts;
+    for (int64_t e = E * tid / nth; e < E * (tid + 1) / nth; ++e)
+        for (int64_t t = 0; t < j->T; ++t)
+            j->logits[t * E + e] = dot(j->h + t * H, b->router_w + e * H, H) + (b->router_bias ? b->router_bias[e] : 0.0f);
+}
+
 /* out (T, H) fp32 = the block output; out_residual (T, H) in the I/O dtype when residual is
  * given; router_logits (T, E) fp32 when non-NULL.  x and residual contiguous (T, H), bf16 when
  * io_bf16 else fp32.  Returns 0 or the ks_moe_experts error codes. */
@@ -135,10 +148,15 @@ int ks_moe_block(const ks_block *b, const void *x, const void *residual, int64_t
         }
         const float inv = 1.0f / sqrtf((float)(ss / (double)H) + eps);
         for (int64_t i = 0; i < H; ++i) ht[i] = ht[i] * inv * b->gamma[i];
-        float *lt = router_logits ? router_logits + t * E : logits + t * E;
-        for (int e = 0; e < E; ++e)
-            lt[e] = dot(ht, b->router_w + (int64_t)e * H, H) + (b->router_bias ? b->router_bias[e] : 0.0f);
-        route(b, lt, scratch, scratch + E, ids + t * K, coef + t * K);
+    }
+    float *lg = router_logits ? router_logits : logits;
+    router_job job = {b, h, lg, T};
+    const int nth = nthreads < 1 ? 1 : nthreads > E ? E : nthreads;
+    ks_pool_lock();
+    ks_pool_run(router_phase, &job, nth);
+    ks_pool_unlock();
+    for (int64_t t = 0; t < T; ++t) {
+        route(b, lg + t * E, scratch, scratch + E, ids + t * K, coef + t * K);
         for (int k = 0; k < K; ++k) { /* global -> local ids of this rank */
             const int loc = ids[t * K + k] - b->rank_id * EL;
             ids[t * K + k] = loc >= 0 && loc < EL ? loc : -1;
