@@ -346,3 +346,56 @@ def test_bf16_mx_path_matches_fp32_path():
         expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, True, outs[isa], isa=isa)
     diff = (outs["avx512"] - outs["avx512bf16"]).norm() / outs["avx512"].norm()
     assert diff.item() < 1e-4
+
+
+def _isa_outputs(w: ExpertWeights, x, ids, wts, quant: bool) -> dict[str, torch.Tensor]:
+    prep = prepare_native_experts(w)
+    outs = {}
+    for isa in ISAS:
+        outs[isa] = torch.zeros(x.shape)
+        expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, quant, outs[isa], isa=isa)
+    return outs
+
+
+@pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")
+@pytest.mark.parametrize("subnormals", (True, False))
+@pytest.mark.parametrize("fmt", ("mxfp8", "fp8_row"))
+def test_avx2_fp8_decodes_match_portable(fmt, subnormals):
+    """AVX2 decodes E4M3 by the fp32 bit trick, or through fp16 when some code is subnormal
+    (no denormal operands): both give the portable kernel's numbers up to summation order."""
+    gen = torch.Generator().manual_seed(5)
+    w, *_ = _make_experts(fmt, gen, True)
+    if not subnormals:  # exponent field 0 with a mantissa -> exponent 1
+        def lift(t):
+            u = t.view(torch.uint8)
+            sub = ((u & 0x78) == 0) & ((u & 0x07) != 0)
+            return torch.where(sub, u | 0x08, u).view(t.dtype)
+        w = ExpertWeights(w.format, lift(w.gate_up), lift(w.down), w.gate_up_scale, w.down_scale,
+                          gate_up_bias=w.gate_up_bias, down_bias=w.down_bias)
+    assert prepare_native_experts(w).struct.fp8_subnormals == int(subnormals)
+    x = torch.randn(5, H, generator=gen)
+    ids, wts = _routing(5, gen)
+    outs = _isa_outputs(w, x, ids, wts, quant=fmt == "mxfp8")
+    ref = outs["portable"]
+    assert ((outs["avx2"] - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")
+def test_avx2_integer_mx_path_is_exact_and_independent_of_batch():
+    """MXFP4 on the MX path (AVX2): exact int16 activation planes x E2M1 integers, including
+    activations whose E4M3 value needs the lo plane (|r| < 2^-3 of its block scale); the same
+    token gives the same bits alone, fused with one other token, or in a decode-once batch."""
+    gen = torch.Generator().manual_seed(9)
+    w, *_ = _make_experts("mxfp4", gen, True)
+    x = torch.randn(9, H, generator=gen)
+    x[:, 5] = 1e-4  # a tiny element in a block: its E4M3 value has bits below 2^-6
+    ids = torch.tensor([[1, 3, 4]] * 9)
+    wts = torch.rand(9, K, generator=gen)
+    outs = _isa_outputs(w, x, ids, wts, quant=True)
+    ref = outs["portable"]
+    assert ((outs["avx2"] - ref).norm() / ref.norm()).item() < 1e-6
+    prep = prepare_native_experts(w)
+    for T in (1, 2):
+        alone = torch.zeros(T, H)
+        expert_mlp_native(x[:T], ids[:T], wts[:T], prep, ACTS["swigluoai"], True, True, alone, isa="avx2")
+        assert torch.equal(alone, outs["avx2"][:T])

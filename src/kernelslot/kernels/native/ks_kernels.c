@@ -75,8 +75,12 @@ static inline float vsum(vf a) { return a; }
 #define R KS_TILE_ROWS
 #define INLINE static inline __attribute__((always_inline))
 
+/* OR'ed into KS_FP8ROW / KS_MXFP8 by the AVX2 kernels when the experts hold E4M3 subnormal
+ * codes: decode through fp16 (no fp32 denormal operand; ks_experts.fp8_subnormals). */
+#define FP8_VIA_F16 16
+
 INLINE int data_bytes(int fmt) {
-    switch (fmt) {
+    switch (fmt & ~FP8_VIA_F16) {
     case KS_F32: return 4 * KS_KBLOCK;
     case KS_BF16: case KS_F16: return 2 * KS_KBLOCK;
     case KS_FP8ROW: case KS_MXFP8: return KS_KBLOCK;
@@ -84,6 +88,7 @@ INLINE int data_bytes(int fmt) {
     }
 }
 INLINE int scale_bytes(int fmt) {
+    fmt &= ~FP8_VIA_F16;
     return fmt == KS_MXFP8 || fmt == KS_MXFP4 ? 1 : fmt == KS_NVFP4 ? 2 : 0;
 }
 
@@ -109,6 +114,8 @@ INLINE kctx make_ctx(int fmt, const uint8_t *s) {
     c.a = c.b = vzero();
     if (fmt == KS_MXFP8) c.a = vset1(ks_e8m0_p120_lut[s[0]]);
     else if (fmt == KS_FP8ROW) c.a = vset1(0x1p120f);
+    else if (fmt == (KS_MXFP8 | FP8_VIA_F16)) c.a = vset1(ks_e8m0_p8_lut[s[0]]);
+    else if (fmt == (KS_FP8ROW | FP8_VIA_F16)) c.a = vset1(0x1p8f);
     else if (fmt == KS_MXFP4) c.a = c.b = vmul(vload(ks_e2m1_values), vset1(ks_e8m0_lut[s[0]]));
     else if (fmt == KS_NVFP4) {
         c.a = vmul(vload(ks_e2m1_values), vset1(ks_e4m3_lut[s[0]]));
@@ -165,6 +172,15 @@ INLINE vf dequant(int fmt, const uint8_t *d, int j, kctx c) {
         __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(d + 8 * j)));
         w = _mm256_and_si256(_mm256_slli_epi32(w, 20), _mm256_set1_epi32((int)0x87F00000u));
         return _mm256_mul_ps(_mm256_castsi256_ps(w), c.a);
+    }
+    case KS_FP8ROW | FP8_VIA_F16: case KS_MXFP8 | FP8_VIA_F16: {
+        /* byte b in the high byte of a word, >> 1 (arithmetic), bit 14 cleared: the fp16 with
+         * E4M3's exponent and mantissa bits = value * 2^-8 exactly, subnormals included (fp16
+         * subnormals are converted by vcvtph2ps), so no fp32 denormal reaches a multiply */
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(d + 8 * j));
+        const __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_unpacklo_epi8(_mm_setzero_si128(), b), 1),
+                                        _mm_set1_epi16((short)0xBFFF));
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), c.a);
     }
     default: {
         __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(d + 8 * (j & 1))));
@@ -230,7 +246,19 @@ static void tile_dot_any(int fmt, int nt, const uint8_t *tile, int nkb, const fl
     case KS_MXFP8: NT_SWITCH(KS_MXFP8) break;
     case KS_MXFP4: NT_SWITCH(KS_MXFP4) break;
     case KS_NVFP4: NT_SWITCH(KS_NVFP4) break;
+#if KS_ISA == 1
+    case KS_FP8ROW | FP8_VIA_F16: NT_SWITCH(KS_FP8ROW | FP8_VIA_F16) break;
+    case KS_MXFP8 | FP8_VIA_F16: NT_SWITCH(KS_MXFP8 | FP8_VIA_F16) break;
+#endif
     }
+}
+
+/* The format the tile kernels decode (see FP8_VIA_F16). */
+static int kernel_format(const ks_experts *ex) {
+#if KS_ISA == 1
+    if ((ex->format == KS_FP8ROW || ex->format == KS_MXFP8) && ex->fp8_subnormals) return ex->format | FP8_VIA_F16;
+#endif
+    return ex->format;
 }
 
 #if KS_ISA == 3
@@ -505,7 +533,7 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
             gx.xip[t] = c->xi ? &gx.xi[t] : NULL;
         }
         for (int tile = t0; tile < t1; ++tile) {
-            group_tile(ex->format, base + (int64_t)tile * ex->gu_tile_stride, nkb, &gx, n, res);
+            group_tile(kernel_format(ex), base + (int64_t)tile * ex->gu_tile_stride, nkb, &gx, n, res);
             for (int p = 0; p < 2; ++p) {
                 const int i = 2 * tile + p;
                 float sg = outer, su = outer;
@@ -554,7 +582,7 @@ void SUFFIX(ks_down)(const ks_call *c, int tid, int nth) {
             gx.xip[t] = c->inter_i ? &gx.xi[t] : NULL;
         }
         for (int tile = t0; tile < t1; ++tile) {
-            group_tile(ex->format, base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);
+            group_tile(kernel_format(ex), base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);
             for (int r = 0; r < R; ++r) {
                 const int h = R * tile + r;
                 const float s = rs ? outer * rs[h] : outer;

@@ -12,6 +12,7 @@
 float ks_e4m3_lut[256];
 float ks_e8m0_lut[256];
 float ks_e8m0_p120_lut[256];
+float ks_e8m0_p8_lut[256];
 uint8_t ks_fp4_bf16[2][256][32];
 const float ks_e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -36,6 +37,7 @@ __attribute__((constructor)) static void ks_init_tables(void) {
         ks_e4m3_lut[b] = (b & 0x80) ? -v : v;
         ks_e8m0_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 127);
         ks_e8m0_p120_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 7);
+        ks_e8m0_p8_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 119);
     }
     for (int kind = 0; kind < 2; ++kind)
         for (int b = 0; b < 256; ++b)

@@ -37,6 +37,7 @@ typedef struct {
     const float *gu_bias;        /* (E, 2I) or NULL */
     const float *dn_bias;        /* (E, H) or NULL */
     int32_t bf16_scales_ok;      /* mxfp4: every E8M0 scale byte in [2, 252] (bf16 MX path) */
+    int32_t fp8_subnormals;      /* fp8_row / mxfp8: some E4M3 code is subnormal (AVX2 decodes via fp16) */
 } ks_experts;
 
 typedef struct {
@@ -135,6 +136,7 @@ double ks_read_avx512bf16(const uint8_t *p, int64_t n);
 extern float ks_e4m3_lut[256];       /* E4M3 byte -> fp32 */
 extern float ks_e8m0_lut[256];       /* E8M0 byte -> fp32 2^(b-127), 0xFF -> NaN */
 extern float ks_e8m0_p120_lut[256];  /* 2^(b-7): E8M0 scale times 2^120 (fp8 bit trick) */
+extern float ks_e8m0_p8_lut[256];    /* 2^(b-119): E8M0 scale times 2^8 (AVX2 fp8 -> fp16 decode) */
 extern const float ks_e2m1_values[16];
 /* [0: MXFP4 E8M0, 1: NVFP4 E4M3][scale byte][16 low bytes, 16 high bytes of bf16(e2m1[c] * scale)] */
 extern uint8_t ks_fp4_bf16[2][256][32];
