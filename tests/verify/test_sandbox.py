@@ -1,15 +1,16 @@
-"""The sandbox launcher and its seccomp filter (verify/sandbox.py, verify/seccomp.py)."""
+"""The sandbox launcher, its seccomp filter and the collective ranks' shared network (verify/sandbox.py, seccomp.py, netns.py)."""
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from kernelslot.verify import sandbox, seccomp
+from kernelslot.verify import netns, sandbox, seccomp
 
 HEADERS = {"x86_64": "/usr/include/x86_64-linux-gnu/asm/unistd_64.h", "aarch64": "/usr/include/asm-generic/unistd.h"}
 SRC = str(Path(sandbox.__file__).resolve().parents[2])
@@ -133,7 +134,51 @@ def test_bwrap_command_shape():
     assert cmd[:5] == ["/usr/bin/bwrap", "--ro-bind", "/", "/", "--dev"]
     assert "--unshare-net" in cmd and "--unshare-pid" in cmd and cmd[cmd.index("--seccomp") + 1] == "7"
     assert cmd[-3:] == ["--", "python", "-"]
-    assert "--unshare-net" not in box.command(["x"], scratch_dir="/s", allow_loopback=True)
+    assert "--unshare-net" not in box.command(["x"], scratch_dir="/s", own_net=False)
+
+
+_NET = r"""
+import socket, sys
+if sys.argv[1] == "listen":
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+    print(s.getsockname()[1], flush=True)
+    s.accept()[0].close()
+    print("accepted", flush=True)
+else:
+    for port in sys.argv[2:]:
+        try:
+            socket.create_connection(("127.0.0.1", int(port)), timeout=2).close(); print("reached", port)
+        except OSError:
+            print("refused", port)
+"""
+
+
+def test_a_group_network_is_shared_by_its_members_and_private():
+    """Processes that enter one GroupNetwork meet on its loopback; the host's loopback and another
+    group's namespace are out of reach."""
+    if netns.probe():
+        pytest.skip(f"no private network namespace here: {netns.probe()}")
+    host = socket.socket()
+    host.bind(("127.0.0.1", 0))
+    host.listen(1)
+    host.setblocking(False)
+    one, other = netns.GroupNetwork(), netns.GroupNetwork()
+    try:
+        server = subprocess.Popen([sys.executable, "-c", _NET, "listen"], stdout=subprocess.PIPE, text=True, preexec_fn=one.enter)
+        port = server.stdout.readline().strip()
+        hostport = str(host.getsockname()[1])
+        run = lambda net, *ports: subprocess.run([sys.executable, "-c", _NET, "connect", *ports], capture_output=True,  # noqa: E731
+                                                 text=True, preexec_fn=net.enter, timeout=60).stdout.split("\n")
+        assert run(other, port)[0] == f"refused {port}"  # another group's namespace
+        assert run(one, hostport, port)[:2] == [f"refused {hostport}", f"reached {port}"]
+        assert server.stdout.readline().strip() == "accepted"
+        server.wait(timeout=30)
+    finally:
+        one.close()
+        other.close()
+    with pytest.raises(BlockingIOError):
+        host.accept()
+    host.close()
 
 
 _IMPORTS = r"""

@@ -21,7 +21,7 @@ from kernelslot.verify.worker import WorkerRunner
 from tests.helpers import declared
 
 CHEATS_DIR = Path(__file__).resolve().parents[1] / "cheats"
-ATTACKS = sorted(p.stem for p in CHEATS_DIR.glob("sandbox_*.py"))
+ATTACKS = sorted(p.stem for p in CHEATS_DIR.glob("sandbox_*.py") if not p.stem.startswith("sandbox_collective_"))
 ONE_PROFILE = VerifyOptions(dtypes=(torch.float32,), profiles=("decode_batch",))
 PACKAGE = Path(kernelslot.__file__).resolve().parent
 
@@ -95,3 +95,44 @@ def test_attacks_reach_nothing_outside_their_sandbox(mode):
     with pytest.raises(BlockingIOError):
         listener.accept()
     listener.close()
+
+
+def _host_listener() -> socket.socket:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.setblocking(False)
+    return listener
+
+
+@pytest.mark.parametrize("mode", ["bwrap", pytest.param("unshare", marks=pytest.mark.slow),
+                                  pytest.param("none", marks=pytest.mark.slow)])
+def test_collective_ranks_reach_only_their_own_loopback(mode, monkeypatch):
+    """Every rank of a group shares one private network namespace: the honest collective still
+    meets on its loopback, and a rank that connects to the host's loopback reaches nothing.
+    ``none`` is the control: without a sandbox the same cheat does reach the host and fails."""
+    from kernelslot.verify.collective import verify_collective
+
+    if mode != "none" and mode not in _modes():
+        pytest.skip(f"sandbox {mode} is not available here")
+    if mode != "none" and not sandbox.select(mode).group_netns:
+        pytest.skip("no private network namespace for collective ranks here (threat-model.md says what then)")
+    name = "sandbox_collective_network"
+    defn = get_slot(declared(CHEATS_DIR / f"{name}.py")["SLOT"])
+    listener = _host_listener()
+    monkeypatch.setenv("KERNELSLOT_SANDBOX", mode)
+    monkeypatch.setenv("KERNELSLOT_CHEAT_HOST_PORT", str(listener.getsockname()[1]))
+    opts = VerifyOptions(world_sizes=(2,), dtypes=(torch.float32,), profiles=("decode_batch.w2",))
+    source = KernelSource(entry="entry", file=str(CHEATS_DIR / f"{name}.py"))
+    try:
+        report = verify_collective(defn, Candidate(Kernel(None, None, name=name, source=source)), opts)
+        failures = [(c.name, c.message[:160]) for r in report.results for c in r.failures()]
+        if mode == "none":
+            assert not report.passed and any(n == "compare" for n, _ in failures), failures
+            listener.accept()[0].close()  # it did connect
+        else:
+            assert report.passed, failures
+            with pytest.raises(BlockingIOError):
+                listener.accept()
+    finally:
+        listener.close()

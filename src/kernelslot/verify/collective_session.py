@@ -1,9 +1,12 @@
 """The rank processes of a local collective verification, and the deadline-bounded exchanges with them.
 
 A :class:`CollectiveSession` for a group of ``W`` ranks spawns ``W + 1`` processes
-(``python -m kernelslot.verify.collective_worker``), each in its own session (so a kill reaches
-anything the candidate started), joined through a ``TCPStore`` this process hosts on a free
-localhost port (gloo on CPU, NCCL on CUDA). Global rank 0 is a *spare*: in the default world
+(``python -m kernelslot.verify.collective_worker``), each in its own sandbox and session (so a
+kill reaches anything the candidate started). All of them join one private network namespace
+(:class:`~kernelslot.verify.netns.GroupNetwork`, loopback only) where the sandbox allows it, and
+meet on a ``TCPStore`` that global rank 0 hosts on its ``127.0.0.1`` (its port comes back to
+this process, which hands it to the others; gloo on CPU, NCCL on CUDA). The referee talks to
+every rank over Unix socket pairs only. Global rank 0 is a *spare*: in the default world
 group, outside the candidate's group (``new_group([1..W])``), it never calls a collective, so a
 collective on the default group never completes and is caught at the deadline. Group rank ``r``
 is process ``r + 1``.
@@ -27,14 +30,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import timedelta
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 
 from kernelslot.verify import sandbox
 from kernelslot.verify.collective_wire import WireError, recv_frame, send_frame
+from kernelslot.verify.netns import GroupNetwork
 from kernelslot.verify.sandbox import neutral_env
 
 __all__ = ["CollectiveSession", "SessionError", "stuck_where", "STARTUP_S"]
@@ -87,9 +89,10 @@ class CollectiveSession:
         self._next_key = 0
         self._logdir = tempfile.mkdtemp(prefix="kernelslot-collective-")
         self.sandbox = sandbox.current()  # every rank runs candidate code: each is sandboxed
-        self._store = dist.TCPStore("127.0.0.1", 0, self.world, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=STARTUP_S))
+        self.network: GroupNetwork | None = None
         try:
+            if self.sandbox.group_netns:  # else (none mode, or no user namespaces) the host's network
+                self.network = GroupNetwork()
             self._spawn()
         except BaseException:
             self.close()
@@ -114,18 +117,26 @@ class CollectiveSession:
             scratch = tempfile.mkdtemp(prefix=f"rank{rank}-", dir=self._logdir)
             cmd = [sys.executable, "-m", "kernelslot.verify.collective_worker", "--fd", str(child.fileno()),
                    "--rank", str(rank), "--world", str(self.world), "--spare",
-                   "--backend", self.backend, "--device", self.device, "--store-port", str(self._store.port),
+                   "--backend", self.backend, "--device", self.device,
                    "--timeout", str(pg_timeout), "--sandbox", self.sandbox.mode, "--scratch", scratch]
-            with open(log, "wb") as fh:  # loopback kept: the process group meets on this process's TCP store
-                proc = self.sandbox.popen(cmd, scratch_dir=scratch, allow_loopback=True, pass_fds=(child.fileno(),),
+            with open(log, "wb") as fh:
+                proc = self.sandbox.popen(cmd, scratch_dir=scratch, network=self.network, pass_fds=(child.fileno(),),
                                           env=self._child_env(scratch), stdout=fh, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True)
             child.close()
             self.procs.append(proc)
             self.socks.append(parent)
             self.logs.append(log)
-        waiting = set(range(self.world))
         deadline = time.monotonic() + STARTUP_S
+        store = self._first(0, deadline)  # rank 0 hosts the process group's store; the others need its port
+        if store.get("op") != "store" or not isinstance(store.get("port"), int):
+            raise SessionError(f"{self._name(0)}: protocol: expected the store's port, got op={str(store.get('op'))[:40]!r}")
+        for process in range(1, self.world):
+            try:
+                send_frame(self.socks[process], {"op": "store", "port": store["port"]})
+            except OSError:
+                raise SessionError(f"{self._name(process)}: {self.exit_reason(process)} while starting") from None
+        waiting = set(range(self.world))
         while waiting:
             ready, _, _ = select.select([self.socks[r] for r in waiting], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
@@ -139,6 +150,16 @@ class CollectiveSession:
                 if msg.get("op") == "ready":
                     waiting.discard(process)
 
+    def _first(self, process: int, deadline: float) -> dict:
+        """The first frame of a starting rank (SessionError when it exits or stays silent)."""
+        ready, _, _ = select.select([self.socks[process]], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise SessionError(f"{self._name(process)}: did not start within {STARTUP_S:.0f} s")
+        try:
+            return self._recv(process, deadline)
+        except WireError:
+            raise SessionError(f"{self._name(process)}: {self.exit_reason(process)} while starting") from None
+
     def _child_env(self, scratch: str) -> dict[str, str]:
         """The sandbox's neutral environment, the referee's import path (so a rank imports kernelslot and
         module candidates as here), the process-group libraries' settings, one thread each."""
@@ -147,7 +168,9 @@ class CollectiveSession:
         comm = {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "GLOO_", "CUDA_", "TORCH_", "KERNELSLOT_"))}
         # the built-in kernels' native library cache stays the referee's (read-only inside the sandbox)
         cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return {**neutral_env(self.sandbox, scratch), **comm, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": cache,
+        # a private namespace has only lo (which NCCL skips unless named, and the hostname may not resolve to it)
+        only_lo = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"} if self.network is not None else {}
+        return {**neutral_env(self.sandbox, scratch), **comm, **only_lo, "OMP_NUM_THREADS": "1", "XDG_CACHE_HOME": cache,
                 "PYTHONPATH": os.pathsep.join(path + ([extra] if extra else []))}
 
     @staticmethod
@@ -201,7 +224,9 @@ class CollectiveSession:
             sock.close()
         self.procs, self.socks = [], []
         shutil.rmtree(self._logdir, ignore_errors=True)  # logs and every rank's scratch
-        self._store = None
+        if self.network is not None:
+            self.network.close()
+            self.network = None
 
     def exchange(self, frames: Sequence[tuple[dict, list[int]]], expect: str, seq: int, step: str
                  ) -> tuple[dict[int, dict], list[str]]:

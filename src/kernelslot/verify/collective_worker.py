@@ -3,8 +3,10 @@
 Run as ``python -m kernelslot.verify.collective_worker`` by the referee
 (:mod:`kernelslot.verify.collective_session`), one process per rank, in its own session, connected
 by an inherited Unix socket that speaks :mod:`kernelslot.verify.collective_wire` (JSON frames plus
-file descriptors; never pickle). The rank joins the default group and the candidate's group, then
-answers frames:
+file descriptors; never pickle). Global rank 0 hosts the process group's ``TCPStore`` on the
+loopback of the rank's network namespace and sends ``{"op": "store", "port"}``; every other rank
+gets that frame from the referee before it connects. The rank joins the default group and the
+candidate's group, then answers frames:
 
 * ``{"op": "job", "kernel", "storages", "prepare_args", "stall_after_s"}`` (storage fds attached):
   map the referee's shared storages, load the candidate with the bundle loader
@@ -253,14 +255,28 @@ def forbid_group_creation() -> None:
                 setattr(module, name, forbidden(name))
 
 
+def _join_store(sock: socket.socket, rank: int, world: int, timeout_s: float) -> dist.Store:
+    """Global rank 0 hosts the group's store on this network namespace's loopback and tells the
+    referee its port (``{"op": "store", "port"}``); every other rank waits for that frame, then connects."""
+    timeout = timedelta(seconds=timeout_s)
+    if rank == 0:
+        store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timeout)
+        send_frame(sock, {"op": "store", "port": store.port})
+        return store
+    msg, _ = recv_frame(sock)
+    if msg.get("op") != "store":
+        raise WireError(f"expected the store's port, got op {msg.get('op')!r}")
+    return dist.TCPStore("127.0.0.1", int(msg["port"]), world, is_master=False, timeout=timeout)
+
+
 def _serve(sock: socket.socket, rank: int, world: int, spare: bool, backend: str, device_kind: str,
-           store_port: int, timeout_s: float) -> None:
+           timeout_s: float) -> None:
     device = torch.device("cpu")
     if device_kind == "cuda":  # group rank r on GPU r (mod the count); the spare shares GPU 0
         member = rank - 1 if spare and rank > 0 else rank
         device = torch.device("cuda", member % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    store = dist.TCPStore("127.0.0.1", store_port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
+    store = _join_store(sock, rank, world, timeout_s)
     group = init_rank(rank, world, list(range(1 if spare else 0, world)), backend, store, timeout_s)
     state = _Rank(sock, group, device)
     state.send({"op": "ready", "pid": os.getpid()})
@@ -294,7 +310,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--spare", action="store_true", help="global rank 0 stays out of the candidate's group")
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--store-port", type=int, required=True)
     parser.add_argument("--timeout", type=float, required=True)
     parser.add_argument("--sandbox", default="none", help="the sandbox mode this process was started in")
     parser.add_argument("--scratch", default="", help="its private scratch directory")
@@ -306,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     code = 0
     try:
-        _serve(sock, a.rank, a.world, a.spare, a.backend, a.device, a.store_port, a.timeout)
+        _serve(sock, a.rank, a.world, a.spare, a.backend, a.device, a.timeout)
     except WireError as exc:
         if not exc.eof:  # the referee went away: nothing left to report to
             traceback.print_exc()

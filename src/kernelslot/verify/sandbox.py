@@ -18,10 +18,12 @@ Modes, best first (:func:`current` picks one once per process; ``KERNELSLOT_SAND
     makes it a bad-input error instead.
 
 API for whoever starts candidate processes: ``current().popen(argv, scratch_dir=...,
-allow_loopback=..., pass_fds=..., env=...)`` starts ``argv`` inside the sandbox, and the child
+network=..., pass_fds=..., env=...)`` starts ``argv`` inside the sandbox, and the child
 calls :func:`confine` (with the mode and the scratch path it was given) before it runs
-candidate code. ``allow_loopback=True`` (collective ranks, whose process group meets on the
-referee's TCP store) keeps the host's network namespace: see docs/threat-model.md.
+candidate code. Without ``network`` the process gets a network namespace of its own with
+nothing in it; the rank processes of one collective process group pass the same
+:class:`~kernelslot.verify.netns.GroupNetwork` and share its private loopback
+(``Sandbox.group_netns`` says whether that works here; else they keep the host's network).
 
 Tensors reach sandboxed processes as file descriptors passed over their socket (the private
 ``/dev/shm`` hides the referee's shared-memory names).
@@ -39,7 +41,7 @@ import sys
 import tempfile
 from typing import Sequence
 
-from kernelslot.verify import seccomp
+from kernelslot.verify import netns, seccomp
 
 __all__ = ["Sandbox", "SandboxUnavailable", "MODES", "current", "confine", "neutral_env"]
 
@@ -56,6 +58,7 @@ class Sandbox:
     mode: str  # one of MODES
     tool: str | None  # the launcher's path (bwrap / unshare)
     note: str = ""  # why this mode: what was missing for the better ones
+    group_netns: bool = False  # a collective's ranks can share one private network namespace (netns.probe)
 
     @property
     def isolated(self) -> bool:
@@ -63,21 +66,24 @@ class Sandbox:
 
     def describe(self) -> str:
         """One line for report headers and receipts."""
-        what = {"bwrap": "bubblewrap: read-only root, private /tmp scratch, no network, own PID namespace, seccomp",
-                "unshare": "unshare: read-only mounts, private /tmp scratch, no network, own PID namespace, seccomp",
+        net = ("no network (collective ranks: one private loopback per process group)" if self.group_netns
+               else "no network (collective ranks: the host's network)")
+        what = {"bwrap": f"bubblewrap: read-only root, private /tmp scratch, {net}, own PID namespace, seccomp",
+                "unshare": f"unshare: read-only mounts, private /tmp scratch, {net}, own PID namespace, seccomp",
                 "none": "none: seccomp only; candidate code has the referee's file and network access"}[self.mode]
         return what + (f" ({self.note})" if self.note else "")
 
-    def command(self, argv: Sequence[str], *, scratch_dir: str, allow_loopback: bool = False,
+    def command(self, argv: Sequence[str], *, scratch_dir: str, own_net: bool = True,
                 seccomp_fd: int | None = None, visible: Sequence[str] = ()) -> list[str]:
-        """``argv`` wrapped in this sandbox's launcher (``seccomp_fd``: bwrap reads the filter from it;
-        ``visible``: paths under ``/tmp`` to show read-only at their own place, e.g. a bundle there)."""
-        net = [] if allow_loopback else None
+        """``argv`` wrapped in this sandbox's launcher (``own_net``: a new, empty network namespace,
+        else the launcher's own, i.e. a joined :class:`~kernelslot.verify.netns.GroupNetwork`;
+        ``seccomp_fd``: bwrap reads the filter from it; ``visible``: paths under ``/tmp`` to show
+        read-only at their own place, e.g. a bundle there)."""
         if self.mode == "bwrap":
             cmd = [self.tool, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm",
                    "--bind", scratch_dir, SCRATCH, "--chdir", SCRATCH,
                    "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-                   *(["--unshare-net"] if net is None else []),
+                   *(["--unshare-net"] if own_net else []),
                    "--die-with-parent", "--new-session", "--as-pid-1", "--cap-drop", "ALL", "--hostname", "localhost"]
             for path in with_interpreter_paths(visible):
                 cmd += ["--ro-bind", path, path]
@@ -88,25 +94,29 @@ class Sandbox:
             return [*cmd, "--", *argv]
         if self.mode == "unshare":
             return [self.tool, "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc",
-                    "--ipc", "--uts", *(["--net"] if net is None else []), "--", *argv]
+                    "--ipc", "--uts", *(["--net"] if own_net else []), "--", *argv]
         return list(argv)
 
-    def popen(self, argv: Sequence[str], *, scratch_dir: str, allow_loopback: bool = False, pass_fds: Sequence[int] = (),
-              env: dict[str, str] | None = None, visible: Sequence[str] = (), **kwargs) -> subprocess.Popen:
-        """Start ``argv`` in the sandbox (cwd: the scratch directory; ``env`` defaults to :func:`neutral_env`).
+    def popen(self, argv: Sequence[str], *, scratch_dir: str, network: netns.GroupNetwork | None = None,
+              pass_fds: Sequence[int] = (), env: dict[str, str] | None = None, visible: Sequence[str] = (),
+              **kwargs) -> subprocess.Popen:
+        """Start ``argv`` in the sandbox (cwd: the scratch directory; ``env`` defaults to :func:`neutral_env`),
+        in ``network`` when given (the launcher joins it before it starts), else in no network at all.
 
         In ``unshare`` mode the child must pass the same ``visible`` to :func:`confine`."""
+        if network is not None and not self.isolated:
+            raise ValueError("a group network needs a sandbox mode with namespaces (bwrap or unshare)")
         seccomp_fd = None
         if self.mode == "bwrap" and (prog := seccomp.program()) is not None:
             seccomp_fd = os.memfd_create("filter", 0)  # a fresh description per launch: bwrap reads it to EOF
             os.write(seccomp_fd, prog)
             os.lseek(seccomp_fd, 0, os.SEEK_SET)
         try:
-            cmd = self.command(argv, scratch_dir=scratch_dir, allow_loopback=allow_loopback, seccomp_fd=seccomp_fd,
+            cmd = self.command(argv, scratch_dir=scratch_dir, own_net=network is None, seccomp_fd=seccomp_fd,
                                visible=visible)
             fds = (*pass_fds, *([seccomp_fd] if seccomp_fd is not None else []))
             return subprocess.Popen(cmd, pass_fds=fds, cwd=scratch_dir, env=env if env is not None else neutral_env(self, scratch_dir),
-                                    **kwargs)
+                                    preexec_fn=network.enter if network is not None else None, **kwargs)
         finally:
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
@@ -163,14 +173,24 @@ def select(mode: str = "auto") -> Sandbox:
         box, why = _probe(mode)
         if box is None:
             raise SandboxUnavailable(f"sandbox {mode!r} is not available: {why}")
-        return box
+        return _with_group_netns(box)
     missing = []
     for candidate in ("bwrap", "unshare"):
         box, why = _probe(candidate)
         if box is not None:
-            return dataclasses.replace(box, note="; ".join(missing))
+            return _with_group_netns(dataclasses.replace(box, note="; ".join(missing)))
         missing.append(why)
     return Sandbox("none", None, "; ".join(missing))
+
+
+def _with_group_netns(box: Sandbox) -> Sandbox:
+    if not box.isolated:
+        return box
+    why = netns.probe()
+    if not why:
+        return dataclasses.replace(box, group_netns=True)
+    note = f"collective ranks keep the host's network: no private network namespace ({why})"
+    return dataclasses.replace(box, note="; ".join(filter(None, (box.note, note))))
 
 
 _warned = False
