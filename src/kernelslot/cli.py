@@ -274,7 +274,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     receipt = receipt_fields(runner)
     if not args.quiet:
-        print(f"sandbox: {receipt['sandbox_detail']}; referee sha256 {str(receipt['referee_sha256'])[:16]}", file=sys.stderr)
+        print(f"sandbox: {receipt['sandbox_detail']}; memory: {receipt['memory_cap']}; "
+              f"referee sha256 {str(receipt['referee_sha256'])[:16]}", file=sys.stderr)
     store = run_id = None
     if args.store:
         from kernelslot.store import ResultStore

@@ -1,5 +1,6 @@
-"""What a receipt says about the code that judged a run: the sandbox in force, a hash of the
-referee package as it is on disk, and a hash of the native library actually loaded.
+"""What a receipt says about the code that judged a run: the sandbox in force, how a worker's
+memory is capped (a cgroup or the poll, :func:`kernelslot.verify.cgroup.describe`), a hash of
+the referee package as it is on disk, and a hash of the native library actually loaded.
 
 ``referee_sha256`` covers every file of the installed ``kernelslot`` package except byte-code
 caches (relative path and contents, in sorted order), so a store can show that no run was
@@ -31,7 +32,11 @@ def receipt_fields(runner: object) -> dict[str, object]:
     """Plain fields for a run's receipts (report JSON, store ``extra``)."""
     from kernelslot.kernels.native import _build
 
+    from kernelslot.verify import cgroup
+
     box = getattr(runner, "sandbox", None)
+    memory = getattr(runner, "memory_bytes", None)
     return {"sandbox": box.mode if box is not None else "in-process",
             "sandbox_detail": box.describe() if box is not None else "no isolation: candidate code ran in the referee",
+            "memory_cap": cgroup.describe(memory) if memory is not None else "none: candidate code ran in the referee",
             "referee_sha256": referee_sha256(), "native_sha256": _build.loaded_sha256()}

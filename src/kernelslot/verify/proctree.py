@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["Process", "tree", "children", "descendants", "ns_pid", "resident_bytes", "thread_cpu_ns"]
+__all__ = ["Process", "read", "tree", "children", "descendants", "ns_pid", "resident_bytes", "thread_cpu_ns"]
 
 
 
@@ -27,7 +27,8 @@ class Process:
         return self.state not in ("Z", "X")
 
 
-def _read(path: str) -> str | None:
+def read(path: str) -> str | None:
+    """The text of ``path``, or None when it cannot be read (a vanished process, a missing file)."""
     try:
         with open(path) as f:
             return f.read()
@@ -46,7 +47,7 @@ def children(pid: int) -> list[int]:
     """Direct children of ``pid`` (of every one of its threads)."""
     kids: list[int] = []
     for tid in _tasks(pid):
-        text = _read(f"/proc/{pid}/task/{tid}/children")
+        text = read(f"/proc/{pid}/task/{tid}/children")
         if text:
             kids.extend(int(c) for c in text.split())
     return kids
@@ -54,7 +55,7 @@ def children(pid: int) -> list[int]:
 
 def ns_pid(pid: int) -> int | None:
     """The pid ``pid`` has inside its own PID namespace (None when it is gone)."""
-    status = _read(f"/proc/{pid}/status")
+    status = read(f"/proc/{pid}/status")
     if status is None:
         return None
     for line in status.splitlines():
@@ -64,7 +65,7 @@ def ns_pid(pid: int) -> int | None:
 
 
 def _process(pid: int, ppid: int, with_ns: bool) -> Process | None:
-    stat = _read(f"/proc/{pid}/stat")
+    stat = read(f"/proc/{pid}/stat")
     if stat is None:
         return None
     name = stat[stat.find("(") + 1:stat.rfind(")")]
@@ -103,7 +104,7 @@ def resident_bytes(pids: list[int], shared_allowance: int = 0) -> int:
     referee's memory, not theirs)."""
     anon = shmem = 0
     for pid in pids:
-        text = _read(f"/proc/{pid}/status")
+        text = read(f"/proc/{pid}/status")
         if text is None:
             continue
         for line in text.splitlines():
@@ -118,15 +119,15 @@ def thread_cpu_ns(pid: int) -> dict[int, tuple[int, str]]:
     """Per thread of ``pid``: CPU time used so far (ns) and its name."""
     out: dict[int, tuple[int, str]] = {}
     for tid in _tasks(pid):
-        sched = _read(f"/proc/{pid}/task/{tid}/schedstat")
+        sched = read(f"/proc/{pid}/task/{tid}/schedstat")
         if sched:
             ns = int(sched.split()[0])
         else:  # no schedstat: clock ticks from stat
-            stat = _read(f"/proc/{pid}/task/{tid}/stat")
+            stat = read(f"/proc/{pid}/task/{tid}/stat")
             if stat is None:
                 continue
             fields = stat[stat.rfind(")") + 2:].split()
             ns = (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-        comm = (_read(f"/proc/{pid}/task/{tid}/comm") or "?").strip()
+        comm = (read(f"/proc/{pid}/task/{tid}/comm") or "?").strip()
         out[int(tid)] = (ns, comm)
     return out

@@ -6,9 +6,13 @@
 * :class:`WorkerProcess`: one worker forked by the zygote.
 * :class:`Watch`: what the referee checks from outside, through the host's ``/proc``
   (:mod:`kernelslot.verify.proctree`, nothing the candidate can forge): while a request runs,
-  resident memory (``Limits.memory_bytes``) and the number of processes
-  (``Limits.max_processes``); after it, processes the candidate left running
+  the number of processes (``Limits.max_processes``) and, for a worker without a cgroup,
+  resident memory (``Limits.memory_bytes``); after it, processes the candidate left running
   (``process_left_running``) and threads still using CPU (``thread_left_running``).
+
+Resident memory is capped by the kernel where the host lets the referee make cgroups
+(:mod:`kernelslot.verify.cgroup`: each worker in a group of its own, ``memory.max`` and
+``pids.max``, set before it runs candidate code); elsewhere it is polled every ``POLL_S``.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Sequence
 
-from kernelslot.verify import proctree
+from kernelslot.verify import cgroup, proctree
 from kernelslot.verify.runner import RunnerError
 from kernelslot.verify.sandbox import Sandbox
 from kernelslot.verify.worker_main import bootstrap
@@ -48,6 +52,7 @@ class Contained(Exception):
 class Limits:
     memory_bytes: int = 4 << 30  # resident memory of a worker and its processes; 0: no cap
     max_processes: int = 64  # processes of a worker (itself included)
+    max_tasks: int = 4096  # threads and processes together: cgroup pids.max, a hard stop between two polls
     cpu_s: int = 3600  # RLIMIT_CPU per process
     file_bytes: int = 4 << 30  # RLIMIT_FSIZE
 
@@ -60,6 +65,7 @@ class Zygote:
 
     def __init__(self, box: Sandbox, scratch: str, log_path: str, start_timeout_s: float, visible: Sequence[str] = ()):
         self.box, self.scratch, self.visible = box, scratch, frozenset(visible)
+        cgroup.hierarchy()  # found before the sandbox starts: a delegated v2 group must hold no other process of ours
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with open(log_path, "ab") as log:
             # the interpreter by its real path (a venv's path may name the project); sys.path comes with the bootstrap
@@ -152,6 +158,8 @@ class WorkerProcess:
             os.close(log)
         self.ns_pid = ns_pid
         self.pid = zygote.host_pid(ns_pid)
+        self.memory_bytes = limits.memory_bytes
+        self.cap = _cap(self.pid, limits)  # before the first request: no candidate code has run in it yet
         self.fd_sock = socket.socket(fileno=os.dup(parent.fileno()))  # storage descriptors go here
         self.conn = Connection(parent.detach())
 
@@ -171,6 +179,8 @@ class WorkerProcess:
                 self.exitcode = self.zygote.request({"op": "wait", "pid": self.ns_pid, "timeout": 10.0}, 20.0)["code"]
             except (RunnerError, OSError):
                 pass
+        if self.cap is not None:
+            self.cap.close()
         self.conn.close()
         self.fd_sock.close()
 
@@ -186,12 +196,37 @@ class WorkerProcess:
             return "protocol", "the worker closed its socket but did not exit; it was killed"
         if rc < 0:
             name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else f"signal {-rc}"
+            if -rc == signal.SIGKILL and self.cap is not None and self.cap.oom_kills():
+                return "out_of_memory", (f"resident memory reached the limit of {self.memory_bytes / (1 << 30):.2f} GiB "
+                                         f"(--memory-limit, enforced by {self.cap.h.mechanism}); the kernel killed the worker")
             if -rc == signal.SIGKILL:
                 return "crash", f"the worker was killed by {name} (out of memory? the kernel's OOM killer sends SIGKILL)"
             if -rc == signal.SIGXCPU:
                 return "crash", f"the worker was killed by {name}: it used its CPU-time limit"
             return "crash", f"the worker was killed by signal {name}"
         return "exit", f"the worker exited with code {rc} in the middle of the call (os._exit/sys.exit in candidate code?)"
+
+
+_cap_failed = False
+
+
+def _cap(pid: int, limits: Limits) -> cgroup.Cap | None:
+    """A cgroup for worker ``pid`` with the limits, or None (then its memory is polled; said once)."""
+    global _cap_failed
+    h = cgroup.hierarchy() if limits.memory_bytes else None
+    if h is None or _cap_failed:
+        return None
+    cap = None
+    try:
+        cap = cgroup.Cap(h, limits.memory_bytes, limits.max_tasks)
+        cap.add(pid)
+        return cap
+    except OSError as exc:
+        if cap is not None:
+            cap.close()
+        _cap_failed = True
+        print(f"kernelslot: warning: cannot put a worker in a cgroup ({exc}); its memory is polled instead", file=sys.stderr)
+        return None
 
 
 class Watch:
@@ -213,7 +248,7 @@ class Watch:
             if len(mine) > self.limits.max_processes:
                 raise Contained("process_limit", f"the worker started more than {self.limits.max_processes} processes "
                                                  f"({len(mine)}); the worker and its sandbox were killed", _clock() - start)
-            if self.limits.memory_bytes:
+            if self.limits.memory_bytes and proc.cap is None:  # with a cgroup the kernel enforces it
                 used = proctree.resident_bytes(mine, proc.shared_bytes)
                 if used > self.limits.memory_bytes:
                     raise Contained("out_of_memory", f"resident memory {used / (1 << 30):.2f} GiB exceeded the limit of "
