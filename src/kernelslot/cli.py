@@ -96,6 +96,8 @@ def _cmd_slots(args: argparse.Namespace) -> int:
             write_text(out / f"{fam}.md", family_page(fam))
             print(f"wrote {out / f'{fam}.md'}")
         return EXIT_PASS
+    if args.oracle:
+        return _oracle(args)
     if args.name:
         contract = slot_contract(get_slot(args.name))
         print(json.dumps(contract, indent=2) if args.json else render_contract(contract))
@@ -113,6 +115,22 @@ def _cmd_slots(args: argparse.Namespace) -> int:
         print(f"    {r['profiles']} profiles; dtypes {', '.join(r['dtypes'])}; models {', '.join(r['models'])}")
     print("\n`kernelslot slots NAME` shows one slot's full contract; `kernelslot new NAME DIR` writes a bundle for it.")
     return EXIT_PASS
+
+
+def _oracle(args: argparse.Namespace) -> int:
+    """``slots [NAME] --oracle``: the oracle self-test's margins (exit 1 when a profile accepts a wrong answer)."""
+    from kernelslot.slots import CATALOG, get_slot
+    from kernelslot.verify.oracle import oracle_json, oracle_slot, render_oracle, render_summary
+
+    defns = [get_slot(args.name)] if args.name else [CATALOG[n] for n in sorted(CATALOG)]
+    runs = [(d, oracle_slot(d, seed=args.seed)) for d in defns]
+    if args.json:
+        print(json.dumps([oracle_json(d, r) for d, r in runs], indent=2))
+    elif args.name:
+        print(render_oracle(runs[0][0], runs[0][1], verbose=True))
+    else:  # the whole catalog: one line per slot (the table of docs/referee.md, "Oracle margins")
+        print(render_summary(runs))
+    return EXIT_FAIL if any(p.accepted for _, r in runs for p in r) else EXIT_PASS
 
 
 def _cmd_new(args: argparse.Namespace) -> int:
@@ -388,6 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name", nargs="?", help="a slot name (e.g. moe.fused_experts): its full contract")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--docs", metavar="DIR", help="write one Markdown page per slot family into DIR (docs/slots)")
+    s.add_argument("--oracle", action="store_true",
+                   help="the oracle self-test: margins of trivially wrong answers against each profile's comparator "
+                        "(NAME: per profile and answer; without NAME: the smallest per slot; exit 1 if any is accepted)")
+    s.add_argument("--seed", type=int, default=0, help="with --oracle: the seed of the profiles' cases (default 0)")
     s.set_defaults(func=_cmd_slots)
     s = sub.add_parser("scan", help="check a bundle's manifest and sources without running them")
     s.add_argument("bundle")

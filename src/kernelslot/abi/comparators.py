@@ -2,14 +2,27 @@
 
 Thresholds belong to the slot, never to the bundle. Default elementwise tolerances by the
 *output* dtype: float32 1e-5, float16 1e-2, bfloat16 2e-2 (atol = rtol).
-A cell matches when ``|a - e| <= atol + rtol·|e|``; NaN never matches, and matching
-infinities of the same sign do. There are no don't-care cells: where the contract leaves a
+A cell matches when ``|a - e| <= atol·s + rtol·|e|``, where ``s = min(1, rms(expected row))``
+(the row is the last dimension): the absolute term shrinks with a row of small magnitude, so
+zeros (or any wrong answer) on a tiny-magnitude row never hide under a fixed atol, and it is
+never larger than the fixed atol. NaN never matches; matching infinities of the same sign do,
+and an infinity matches nothing else.
+
+**Margin.** Every :class:`Verdict` carries ``margin``: the comparator's worst statistic divided
+by the bound it must stay within, so ``margin > 1`` fails and ``margin <= 1`` passes (exactly
+``not passed``). Per comparator: allclose, the largest ``|a - e| / tol`` over cells;
+matched_ratio, the larger of ``unmatched fraction / (1 - min_ratio)`` and the largest error over
+its gross-error bound; cosine, the larger of ``(1 - cos) / (1 - min_cos)`` and
+``rel norm err / max_rel_norm_err``; topk_overlap, ``(1 - overlap) / (1 - min_overlap)``; all-of,
+the largest of its parts'. NaN/inf where a comparator rejects outright count as ``inf``. The
+oracle self-test (``kernelslot.verify.oracle``) reports it for trivially wrong answers. There are no don't-care cells: where the contract leaves a
 result open (a routing or selection tie within the dtype path's rounding), the slot's reference
 returns an :class:`Admissible` set, and the candidate is judged against the admissible answer
 nearest to its own (:func:`resolve_expected`).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +42,7 @@ class Verdict:
     value: float
     threshold: float
     detail: str = ""
+    margin: float = float("nan")  # worst statistic / its allowed bound: > 1 fails (module docstring)
 
     def describe(self) -> str:
         op = ">=" if self.passed else "<"
@@ -47,6 +61,11 @@ def resolve_expected(expected: Any, actual: torch.Tensor) -> torch.Tensor:
     return expected.resolve(actual) if hasattr(expected, "resolve") else expected
 
 
+def canonical_expected(expected: Any) -> torch.Tensor:
+    """The answer by the contract's own tie rule: ``expected`` itself, or an admissible set's ``canonical``."""
+    return expected.canonical if hasattr(expected, "resolve") else expected
+
+
 @dataclass(frozen=True)
 class AnyOfRows:
     """Each row (last dimension) must match the same row of one of ``choices`` (``(A, *shape)``).
@@ -56,6 +75,10 @@ class AnyOfRows:
     """
 
     choices: torch.Tensor
+
+    @property
+    def canonical(self) -> torch.Tensor:
+        return self.choices[0]  # the contract's tie rule comes first
 
     def resolve(self, actual: torch.Tensor) -> torch.Tensor:
         err = (actual.double().unsqueeze(0) - self.choices.double()).abs().nan_to_num(nan=float("inf"))
@@ -100,24 +123,43 @@ def row_rms(expected: torch.Tensor) -> torch.Tensor:
     return e.square().mean(-1, keepdim=True).sqrt() if e.dim() else e.abs()
 
 
-def _matched(actual: torch.Tensor, expected: torch.Tensor, atol: float | torch.Tensor, rtol: float) -> torch.Tensor:
-    """Cells within ``atol + rtol·|e|`` (NaN on either side never matches)."""
-    a = actual.double()
-    e = expected.double()
-    close = (a - e).abs() <= atol + rtol * e.abs()
+def row_atol(atol: float, expected: torch.Tensor, scale_up: bool = False) -> torch.Tensor:
+    """The absolute tolerance of each row: ``atol·min(1, rms(row))``, or ``atol·rms(row)`` with
+    ``scale_up`` (for outputs far from unit scale). Never larger than ``atol`` unless ``scale_up``."""
+    rms = row_rms(expected)
+    return atol * (rms if scale_up else rms.clamp(max=1.0))
+
+
+def error_ratio(actual: torch.Tensor, expected: torch.Tensor, tol: float | torch.Tensor) -> torch.Tensor:
+    """``|a - e| / tol`` per cell (float64): 0 where both hold the same infinity or the error is
+    exactly 0, ``inf`` where ``a`` is NaN, either side is an unmatched infinity, or the error is
+    non-zero against a zero tolerance. A cell is within tolerance iff its ratio is <= 1."""
+    a, e = actual.double(), expected.double()
+    err = (a - e).abs()
+    ratio = torch.where(err == 0, torch.zeros_like(err), err / tol)
     same_inf = torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))
-    return (close | same_inf) & ~torch.isnan(a)
+    bad = torch.isnan(a) | torch.isnan(e) | ((torch.isinf(a) | torch.isinf(e)) & ~same_inf)
+    inf = torch.full_like(ratio, float("inf"))
+    return torch.where(same_inf, torch.zeros_like(ratio), torch.where(bad, inf, ratio.nan_to_num(nan=float("inf"))))
 
 
-def _matched_ratio(actual: torch.Tensor, expected: torch.Tensor, atol: float | None, rtol: float | None,
-                   row_scaled_atol: bool = False) -> tuple[torch.Tensor, float]:
-    """The per-cell match mask at the given (or the dtype's default) tolerances, and the matched fraction."""
-    tol = default_tol(actual.dtype)
-    atol_t: float | torch.Tensor = tol if atol is None else atol
-    if row_scaled_atol:
-        atol_t = atol_t * row_rms(expected).clamp(min=1.0)
-    m = _matched(actual, expected, atol_t, tol if rtol is None else rtol)
-    return m, float(m.double().mean()) if m.numel() else 1.0
+def _bound(ratio: float, limit: float) -> float:
+    """``ratio / limit`` with a zero limit read as "any excess fails" (0 stays 0, the rest inf)."""
+    if limit > 0:
+        return ratio / limit
+    return 0.0 if ratio <= 0 else float("inf")
+
+
+def _tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:
+    tol = default_tol(dtype)
+    return (tol if atol is None else atol), (tol if rtol is None else rtol)
+
+
+def _cell_ratios(actual: torch.Tensor, expected: torch.Tensor, atol: float | None, rtol: float | None,
+                 row_scaled_atol: bool = False) -> torch.Tensor:
+    """Each cell's error over its tolerance ``row_atol + rtol·|e|`` (see the module docstring)."""
+    a_tol, r_tol = _tolerances(actual.dtype, atol, rtol)
+    return error_ratio(actual, expected, row_atol(a_tol, expected, row_scaled_atol) + r_tol * expected.double().abs())
 
 
 def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) -> str:
@@ -135,14 +177,17 @@ def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) 
 
 @dataclass(frozen=True)
 class AllClose:
-    """Every cell within ``atol + rtol·|e|``."""
+    """Every cell within ``atol·min(1, rms(row)) + rtol·|e|``."""
 
     atol: float | None = None
     rtol: float | None = None
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        m, ratio = _matched_ratio(actual, expected, self.atol, self.rtol)
-        return Verdict(bool(m.all()), "allclose", ratio, 1.0, _worst(actual, expected, m))
+        r = _cell_ratios(actual, expected, self.atol, self.rtol)
+        m = r <= 1
+        ratio = float(m.double().mean()) if m.numel() else 1.0
+        worst = float(r.max()) if r.numel() else 0.0
+        return Verdict(bool(m.all()), "allclose", ratio, 1.0, _worst(actual, expected, m), worst)
 
     def describe(self) -> str:
         return "allclose" + (f"(atol={self.atol}, rtol={self.rtol})" if self.atol is not None else "")
@@ -153,8 +198,8 @@ class MatchedRatio:
     """The fraction of matching cells must reach ``min_ratio``, and no cell may be grossly wrong.
 
     The ratio leaves room for reordered or low-precision arithmetic, not for skipped work: a cell
-    whose error exceeds ``outlier_factor · (atol + rtol · rms(expected row))`` (the row is the last
-    dimension) fails the comparison however few such cells there are. Rounding noise stays far
+    whose error exceeds ``outlier_factor · (atol·min(1, rms) + rtol·rms)`` of its expected row (the
+    row is the last dimension) fails the comparison however few such cells there are. Rounding noise stays far
     below that bound; a dropped expert, token or lane does not.
     """
 
@@ -162,38 +207,39 @@ class MatchedRatio:
     atol: float | None = None
     rtol: float | None = None
     outlier_factor: float = 8.0
-    row_scaled_atol: bool = False  # atol × max(1, rms(expected row)): for outputs far from unit scale
+    row_scaled_atol: bool = False  # match with atol × rms(expected row), also above 1: outputs far from unit scale
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        m, ratio = _matched_ratio(actual, expected, self.atol, self.rtol, self.row_scaled_atol)
-        gross = self._gross_errors(actual, expected)
-        if gross:
-            return Verdict(False, "matched_ratio", ratio, self.min_ratio, gross)
+        m = _cell_ratios(actual, expected, self.atol, self.rtol, self.row_scaled_atol) <= 1
+        ratio = float(m.double().mean()) if m.numel() else 1.0
+        gross_ratio = self._gross_ratios(actual, expected)
+        margin = max(_bound(1.0 - ratio, 1.0 - self.min_ratio), float(gross_ratio.max()) if gross_ratio.numel() else 0.0)
+        bad = gross_ratio > 1
+        if bad.any():
+            idx = tuple(bad.nonzero()[0].tolist())
+            gross = (f"{int(bad.sum())} cell(s) grossly wrong (error > {self.outlier_factor:g}x the row-scaled tolerance); "
+                     f"first at {list(idx)}: got {actual[idx].item():.6g}, expected {expected[idx].item():.6g}")
+            return Verdict(False, "matched_ratio", ratio, self.min_ratio, gross, margin)
         detail = _worst(actual, expected, m) if ratio < self.min_ratio else ""
-        return Verdict(ratio >= self.min_ratio, "matched_ratio", ratio, self.min_ratio, detail)
+        return Verdict(ratio >= self.min_ratio, "matched_ratio", ratio, self.min_ratio, detail, margin)
 
-    def _gross_errors(self, actual: torch.Tensor, expected: torch.Tensor) -> str:
-        if actual.numel() == 0:
-            return ""
-        tol = default_tol(actual.dtype)
-        atol = tol if self.atol is None else self.atol
-        rtol = tol if self.rtol is None else self.rtol
-        a, e = actual.double(), expected.double()
-        rms = row_rms(expected)
-        bound = self.outlier_factor * (atol + rtol * rms)
-        err = (a - e).abs()
-        ignore = torch.isinf(a) & torch.isinf(e) & (torch.sign(a) == torch.sign(e))
-        err = torch.where(ignore, torch.zeros_like(err), err)
-        bad = ~(err <= bound)  # NaN errors count as gross
-        if not bad.any():
-            return ""
-        idx = tuple(bad.nonzero()[0].tolist())
-        return (f"{int(bad.sum())} cell(s) grossly wrong (error > {self.outlier_factor:g}x the row-scaled tolerance); "
-                f"first at {list(idx)}: got {actual[idx].item():.6g}, expected {expected[idx].item():.6g}")
+    def _gross_ratios(self, actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+        """Each cell's error over ``outlier_factor · (atol·min(1, rms) + rtol·rms)`` of its row."""
+        atol, rtol = _tolerances(actual.dtype, self.atol, self.rtol)
+        bound = self.outlier_factor * (row_atol(atol, expected) + rtol * row_rms(expected))
+        return error_ratio(actual, expected, bound)
 
     def describe(self) -> str:
         scaled = ", atol scaled by row rms" if self.row_scaled_atol else ""
         return f"matched_ratio >= {self.min_ratio} (no cell off by > {self.outlier_factor:g}x row-scaled tolerance{scaled})"
+
+
+def row_cosines(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity of each row (last dimension); 1 where both rows are zero, 0 where one is."""
+    a, e = actual.double().reshape(-1, actual.shape[-1]), expected.double().reshape(-1, expected.shape[-1])
+    na, ne = a.norm(dim=-1), e.norm(dim=-1)
+    cos = (a * e).sum(-1) / (na * ne).clamp_min(1e-300)
+    return torch.where((na == 0) & (ne == 0), torch.ones_like(cos), torch.where((na == 0) | (ne == 0), torch.zeros_like(cos), cos))
 
 
 @dataclass(frozen=True)
@@ -201,29 +247,43 @@ class Cosine:
     """Cosine similarity of the flattened tensors, guarded by the relative norm error.
 
     NaN/inf in the output fail outright; ``| ‖a‖ - ‖e‖ | / ‖e‖`` must stay within
-    ``max_rel_norm_err`` so that a correctly-shaped but wrongly-scaled output fails.
+    ``max_rel_norm_err`` so that a correctly-shaped but wrongly-scaled output fails. With
+    ``row_min_cos``, every row (last dimension) must also reach that cosine on its own, so a
+    dropped or garbled token — invisible in the cosine of a large tensor — fails.
     """
 
     min_cos: float
     max_rel_norm_err: float = 0.05
+    row_min_cos: float | None = None
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
         a = actual.double().flatten()
         e = expected.double().flatten()
+        inf = float("inf")
         if not torch.isfinite(a).all():
-            return Verdict(False, "cosine", float("nan"), self.min_cos, "output holds NaN or inf")
+            return Verdict(False, "cosine", float("nan"), self.min_cos, "output holds NaN or inf", inf)
         na, ne = a.norm(), e.norm()
         if ne == 0:
             ok = bool(na == 0)
-            return Verdict(ok, "cosine", 1.0 if ok else 0.0, self.min_cos, "" if ok else "expected all zeros")
+            return Verdict(ok, "cosine", 1.0 if ok else 0.0, self.min_cos, "" if ok else "expected all zeros",
+                           0.0 if ok else inf)
         cos = float((a @ e) / (na * ne).clamp_min(1e-300))
         rel = float((na - ne).abs() / ne)
+        margin = max(_bound(1.0 - cos, 1.0 - self.min_cos), _bound(rel, self.max_rel_norm_err))
+        if self.row_min_cos is not None and actual.dim():
+            rows = row_cosines(actual, expected)
+            worst = int(rows.argmin())
+            margin = max(margin, _bound(1.0 - float(rows[worst]), 1.0 - self.row_min_cos))
+            if float(rows[worst]) < self.row_min_cos:
+                return Verdict(False, "cosine", cos, self.min_cos,
+                               f"row {worst} cosine {float(rows[worst]):.3g} < {self.row_min_cos}", margin)
         if rel > self.max_rel_norm_err:
-            return Verdict(False, "cosine", cos, self.min_cos, f"relative norm error {rel:.3g} > {self.max_rel_norm_err}")
-        return Verdict(cos >= self.min_cos, "cosine", cos, self.min_cos, f"relative norm error {rel:.3g}")
+            return Verdict(False, "cosine", cos, self.min_cos, f"relative norm error {rel:.3g} > {self.max_rel_norm_err}", margin)
+        return Verdict(cos >= self.min_cos, "cosine", cos, self.min_cos, f"relative norm error {rel:.3g}", margin)
 
     def describe(self) -> str:
-        return f"cosine >= {self.min_cos} (|rel norm err| <= {self.max_rel_norm_err})"
+        rows = f", every row >= {self.row_min_cos}" if self.row_min_cos is not None else ""
+        return f"cosine >= {self.min_cos} (|rel norm err| <= {self.max_rel_norm_err}{rows})"
 
 
 @dataclass(frozen=True)
@@ -245,19 +305,20 @@ class TopKOverlap:
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
         if actual.dtype.is_floating_point and (torch.isnan(actual).any() or torch.isposinf(actual).any()):
-            return Verdict(False, "topk_overlap", 0.0, self.min_overlap, "output holds NaN or +inf")
+            return Verdict(False, "topk_overlap", 0.0, self.min_overlap, "output holds NaN or +inf", float("inf"))
         a = actual.reshape(-1, actual.shape[-1])
         e = expected.reshape(-1, expected.shape[-1])
         scores = self._rows_scores(a, e) if self.mode == "scores" else self._rows_indices(a, e)
         if scores.numel() == 0:
-            return Verdict(True, "topk_overlap", 1.0, self.min_overlap)
+            return Verdict(True, "topk_overlap", 1.0, self.min_overlap, margin=0.0)
         value = float(scores.min() if self.per_row else scores.mean())
         detail = ""
         if value < self.min_overlap:
             worst = int(scores.argmin())
             detail = f"worst row {worst} overlap {float(scores[worst]):.3g}"
         metric = "topk_overlap(min row)" if self.per_row else "topk_overlap"
-        return Verdict(value >= self.min_overlap, metric, value, self.min_overlap, detail)
+        margin = _bound(1.0 - value, 1.0 - self.min_overlap)
+        return Verdict(value >= self.min_overlap, metric, value, self.min_overlap, detail, margin)
 
     def _rows_scores(self, a: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         a = a.double()
@@ -293,17 +354,15 @@ class TopKOverlap:
 
 @dataclass(frozen=True)
 class AllOf:
-    """Every comparator must pass; the reported verdict is the first failure (or the last pass)."""
+    """Every comparator must pass; the reported verdict is the first failure (or the last pass),
+    with the largest margin of all the parts."""
 
     parts: tuple
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        verdict = None
-        for part in self.parts:
-            verdict = part.compare(actual, expected)
-            if not verdict.passed:
-                return verdict
-        return verdict
+        verdicts = [part.compare(actual, expected) for part in self.parts]
+        chosen = next((v for v in verdicts if not v.passed), verdicts[-1])
+        return dataclasses.replace(chosen, margin=max(v.margin for v in verdicts))
 
     def describe(self) -> str:
         return " and ".join(p.describe() for p in self.parts)

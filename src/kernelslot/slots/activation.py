@@ -5,7 +5,7 @@ import torch
 
 from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import activation as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.slots.base import Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -38,6 +38,24 @@ def _reference(case: Case) -> dict[str, torch.Tensor]:
     return {"out": (torch.nn.functional.silu(x[..., :d]) * x[..., d:]).float()}
 
 
+def _halves_swapped(case: Case) -> dict[str, torch.Tensor]:
+    x = case.inputs["x"].double()
+    d = x.shape[-1] // 2
+    return {"out": (torch.nn.functional.silu(x[..., d:]) * x[..., :d]).float()}
+
+
+def _gelu_for_silu(case: Case) -> dict[str, torch.Tensor]:
+    x = case.inputs["x"].double()
+    d = x.shape[-1] // 2
+    return {"out": (torch.nn.functional.gelu(x[..., :d], approximate="tanh") * x[..., d:]).float()}
+
+
+NEAR_MISSES = (
+    NearMiss("gate and up halves swapped (silu(up)·gate)", _halves_swapped),
+    NearMiss("tanh-GELU instead of SiLU", _gelu_for_silu),
+)
+
+
 def _describe(case: Case) -> CallDescriptor:
     x = case.inputs["x"]
     return CallDescriptor(num_tokens=x[..., 0].numel(), hidden_size=x.shape[-1] // 2)
@@ -67,5 +85,6 @@ SLOTS = (
         describe=_describe,
         sizes=(("hidden_size", "d"),),
         traffic=_traffic,
+        near_misses=NEAR_MISSES,
     ),
 )

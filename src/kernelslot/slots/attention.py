@@ -23,7 +23,7 @@ import torch
 
 from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import attention as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.slots.base import Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ADVERSARIAL = frozenset({"adversarial"})
@@ -80,17 +80,48 @@ def _sdpa_case(profile: Profile, gen: torch.Generator) -> Case:
     )
 
 
-def _sdpa_reference(case: Case) -> dict[str, torch.Tensor]:
+def _sdpa_reference(case: Case, offset: int | None = None, scale: float | None = None, causal: bool | None = None,
+                    kv_head: Callable[[int, int, int], int] | None = None) -> dict[str, torch.Tensor]:
+    """fp64 with explicit GQA expansion; the keywords substitute parts (near-misses only): the
+    causal ``offset`` (query i sees keys j <= i + offset; None: the contract's S - T), the scale,
+    whether the mask applies, and the kv head of query head h (``kv_head(h, Hq, Hkv)``)."""
     q, k, v = (case.inputs[n].double() for n in ("q", "k", "v"))
     t, hq, _ = q.shape
     s, hkv, _ = k.shape
-    k = k.repeat_interleave(hq // hkv, dim=1)
-    v = v.repeat_interleave(hq // hkv, dim=1)
-    logits = torch.einsum("thd,shd->hts", q, k) * case.inputs["sm_scale"]
-    if case.inputs["causal"]:
-        visible = torch.arange(s).view(1, s) <= torch.arange(t).view(t, 1) + (s - t)
+    heads = [h // (hq // hkv) if kv_head is None else kv_head(h, hq, hkv) for h in range(hq)]
+    k, v = k[:, heads], v[:, heads]
+    logits = torch.einsum("thd,shd->hts", q, k) * (case.inputs["sm_scale"] if scale is None else scale)
+    if case.inputs["causal"] if causal is None else causal:
+        visible = torch.arange(s).view(1, s) <= torch.arange(t).view(t, 1) + (s - t if offset is None else offset)
         logits = logits.masked_fill(~visible, float("-inf"))
     return {"out": torch.einsum("hts,shd->thd", logits.softmax(-1), v).float()}
+
+
+def _top_left_causal(case: Case) -> dict[str, torch.Tensor] | None:
+    q, k = case.inputs["q"], case.inputs["k"]
+    return _sdpa_reference(case, offset=0) if case.inputs["causal"] and k.shape[0] != q.shape[0] else None
+
+
+def _causal_ignored(case: Case) -> dict[str, torch.Tensor] | None:
+    return _sdpa_reference(case, causal=False) if case.inputs["causal"] and case.inputs["q"].shape[0] > 1 else None
+
+
+def _default_scale(case: Case) -> dict[str, torch.Tensor] | None:
+    d = case.inputs["q"].shape[-1]
+    return None if case.inputs["sm_scale"] == d ** -0.5 else _sdpa_reference(case, scale=d ** -0.5)
+
+
+def _heads_interleaved(case: Case) -> dict[str, torch.Tensor] | None:
+    hq, hkv = case.inputs["q"].shape[1], case.inputs["k"].shape[1]
+    return _sdpa_reference(case, kv_head=lambda h, _hq, n: h % n) if 1 < hkv < hq else None
+
+
+SDPA_NEAR_MISSES = (
+    NearMiss("top-left causal alignment (j <= i instead of j <= i + S - T)", _top_left_causal),
+    NearMiss("causal mask ignored", _causal_ignored),
+    NearMiss("sm_scale ignored (1/sqrt(D) used)", _default_scale),
+    NearMiss("GQA heads interleaved (kv head h % Hkv instead of h // (Hq/Hkv))", _heads_interleaved),
+)
 
 
 def _sdpa_describe(case: Case) -> CallDescriptor:
@@ -190,7 +221,10 @@ def _decode_case(profile: Profile, gen: torch.Generator) -> Case:
     )
 
 
-def _decode_reference(case: Case) -> dict[str, torch.Tensor]:
+def _decode_reference(case: Case, ids: torch.Tensor | None = None, whole_blocks: bool = False,
+                      repeats_count: bool = False) -> dict[str, torch.Tensor]:
+    """fp64, a loop over requests and kv heads; the keywords substitute parts (near-misses only):
+    other block ids, whole blocks attended past ``seq_lens``, a repeated id attended twice."""
     inp = case.inputs
     q = inp["q"].double()
     bsz, hq, d = q.shape
@@ -198,13 +232,14 @@ def _decode_reference(case: Case) -> dict[str, torch.Tensor]:
     group = hq // hkv
     bs = inp["block_size"]
     out = torch.zeros(bsz, hq, d, dtype=torch.float64)
-    ids, seq_lens, pool_rows = inp["topk_idx"].tolist(), inp["seq_lens"].tolist(), inp["req_pool_indices"].tolist()
+    ids = (inp["topk_idx"] if ids is None else ids).tolist()
+    seq_lens, pool_rows = inp["seq_lens"].tolist(), inp["req_pool_indices"].tolist()
     for b in range(bsz):
-        seq_len = seq_lens[b]
+        end = inp["req_to_token"].shape[1] if whole_blocks else seq_lens[b]
         page_row = inp["req_to_token"][pool_rows[b]]
         for g in range(hkv):
-            blocks = {j for j in ids[g][b] if j >= 0}
-            tokens = sorted(t for j in blocks for t in range(j * bs, min((j + 1) * bs, seq_len)))
+            blocks = [j for j in ids[g][b] if j >= 0] if repeats_count else {j for j in ids[g][b] if j >= 0}
+            tokens = sorted(t for j in blocks for t in range(j * bs, min((j + 1) * bs, end)))
             if not tokens:
                 continue  # nothing to attend: the output stays 0
             slots = page_row[torch.tensor(tokens)].long()
@@ -214,6 +249,33 @@ def _decode_reference(case: Case) -> dict[str, torch.Tensor]:
             probs = (q[b, heads] @ keys.T * inp["sm_scale"]).softmax(-1)
             out[b, heads] = probs @ values
     return {"out": out.float()}
+
+
+def _minus_one_as_block0(case: Case) -> dict[str, torch.Tensor] | None:
+    ids = case.inputs["topk_idx"]
+    return _decode_reference(case, ids=ids.clamp(min=0)) if bool((ids < 0).any()) else None
+
+
+def _seq_lens_ignored(case: Case) -> dict[str, torch.Tensor] | None:
+    """Exercised where a selected block reaches past its request's seq_len."""
+    inp, bs = case.inputs, case.inputs["block_size"]
+    ends = (inp["topk_idx"].long() + 1) * bs  # (Hkv, B, Kb)
+    past = (inp["topk_idx"] >= 0) & (ends > inp["seq_lens"].long().view(1, -1, 1))
+    return _decode_reference(case, whole_blocks=True) if bool(past.any()) else None
+
+
+def _repeats_counted(case: Case) -> dict[str, torch.Tensor] | None:
+    ids = case.inputs["topk_idx"]
+    valid = ids >= 0
+    repeated = (ids.unsqueeze(-1) == ids.unsqueeze(-2)) & valid.unsqueeze(-1) & ~torch.eye(ids.shape[-1], dtype=torch.bool)
+    return _decode_reference(case, repeats_count=True) if bool(repeated.any()) else None
+
+
+DECODE_NEAR_MISSES = (
+    NearMiss("-1 read as block 0 (ids clamped, not masked)", _minus_one_as_block0),
+    NearMiss("seq_lens ignored inside the selected blocks", _seq_lens_ignored),
+    NearMiss("a repeated block id attended twice", _repeats_counted),
+)
 
 
 def _decode_describe(case: Case) -> CallDescriptor:
@@ -269,6 +331,7 @@ SLOTS = (
         describe=_sdpa_describe,
         traffic=_sdpa_traffic,
         builtins=(Candidate(SDPA_INCUMBENT, graph_safe=True),),
+        near_misses=SDPA_NEAR_MISSES,
     ),
     SlotDef(
         slot=DECODE,
@@ -282,6 +345,7 @@ SLOTS = (
         describe=_decode_describe,
         traffic=_decode_traffic,
         builtins=(Candidate(DECODE_INCUMBENT, graph_safe=True),),
+        near_misses=DECODE_NEAR_MISSES,
         notes="graph-safe incumbent: masks instead of data-dependent shapes; no host synchronisation",
     ),
 )

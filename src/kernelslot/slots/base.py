@@ -17,8 +17,13 @@ import torch
 
 from kernelslot.abi import CallDescriptor, CapabilityDomain, Comparator, OutputSpec, Slot
 
-__all__ = ["Profile", "Case", "Kernel", "KernelSource", "Override", "Needs", "Candidate", "SlotDef", "OutputSpec", "Traffic",
-           "randn", "dtype_name", "nbytes", "output_traffic"]
+__all__ = ["Profile", "Case", "Kernel", "KernelSource", "Override", "Needs", "Candidate", "NearMiss", "SlotDef", "OutputSpec",
+           "Traffic", "randn", "dtype_name", "nbytes", "output_traffic", "LOW_BIT"]
+
+
+# Profile tag: 4-bit (E2M1) weights or activations on the profile's path; its own comparator admits that
+# noise, so the oracle's lower-precision answer for the outputs it judges is 1 significant bit (verify/oracle.py).
+LOW_BIT = "low_bit"
 
 
 @dataclass(frozen=True)
@@ -30,7 +35,8 @@ class Profile:
     dtype: torch.dtype
     model: str = "generic"
     tags: frozenset[str] = frozenset()
-    comparator: Comparator | None = None  # overrides the slot's comparator (e.g. low-bit profiles)
+    # overrides the slot's comparator (e.g. low-bit profiles): one for every output, or some outputs by name
+    comparator: Comparator | Mapping[str, Comparator] | None = None
 
     @property
     def label(self) -> str:
@@ -188,6 +194,20 @@ def output_traffic(case: Case) -> Traffic:
 
 
 @dataclass(frozen=True)
+class NearMiss:
+    """A named plausible mistake of the slot (SiLU for swigluoai, -1 read as an expert, ...).
+
+    ``outputs(case)`` is what a kernel making the mistake writes: every output by name, fp32
+    (the slot's reference with the mistake), or None where ``case`` does not exercise it. The
+    oracle self-test (:mod:`kernelslot.verify.oracle`) requires each to fail the slot's
+    comparator; on a failed comparison the referee may name the near-miss the output matches.
+    """
+
+    name: str
+    outputs: Callable[[Case], dict[str, Any] | None]
+
+
+@dataclass(frozen=True)
 class SlotDef:
     slot: Slot
     make_case: Callable[[Profile, torch.Generator], Case]
@@ -204,6 +224,8 @@ class SlotDef:
     sizes: tuple[tuple[str, str], ...] = ()
     # the least bytes/flops of one call (bench/roofline.py physics floor); default: its outputs, written once
     traffic: Callable[[Case], Traffic] = output_traffic
+    # Named near-misses the comparator must reject (verify/oracle.py), with the slot's semantics.
+    near_misses: tuple[NearMiss, ...] = ()
 
     def builtin_candidates(self) -> tuple["Candidate", ...]:
         return self.builtins or (Candidate(self.incumbent),)
@@ -217,16 +239,17 @@ class SlotDef:
         return self.slot.name
 
     def comparator_for(self, output: str, profile: Profile | None = None) -> Comparator:
-        if profile is not None and profile.comparator is not None:
-            return profile.comparator
+        override = profile.comparator if profile is not None else None
+        if isinstance(override, Mapping) and output in override:
+            return override[output]
+        if override is not None and not isinstance(override, Mapping):
+            return override
         if isinstance(self.comparator, Mapping):
             return self.comparator[output]
         return self.comparator
 
     def describe_comparator(self) -> str:
-        if isinstance(self.comparator, Mapping):
-            return "; ".join(f"{k}: {c.describe()}" for k, c in self.comparator.items())
-        return self.comparator.describe()
+        return comparator_text(self.comparator)
 
     @property
     def dtypes(self) -> tuple[torch.dtype, ...]:
@@ -235,6 +258,13 @@ class SlotDef:
             if p.dtype not in seen:
                 seen.append(p.dtype)
         return tuple(seen)
+
+
+def comparator_text(comparator: Comparator | Mapping[str, Comparator]) -> str:
+    """One line for a comparator, or for comparators by output name (``out: ...; other: ...``)."""
+    if isinstance(comparator, Mapping):
+        return "; ".join(f"{k}: {c.describe()}" for k, c in comparator.items())
+    return comparator.describe()
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 
 from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import collective as builtin
-from kernelslot.slots.base import Case, Kernel, Profile, SlotDef, randn
+from kernelslot.slots.base import Case, Kernel, NearMiss, Profile, SlotDef, randn
 
-__all__ = ["RankShare", "rank_shares", "world_of", "SLOTS", "WORLD_SIZES", "NEAR_MISSES"]
+__all__ = ["RankShare", "rank_shares", "world_of", "SLOTS", "WORLD_SIZES"]
 
 DTYPES = (torch.float32, torch.bfloat16)
 WORLD_SIZES = (2, 4)
@@ -196,7 +196,7 @@ def _mf_case(profile: Profile, gen: torch.Generator) -> Case:
     return _collective_case(shares, {"out_norm": spec, "out_residual": spec})
 
 
-def _mf_reference(case: Case) -> dict[str, torch.Tensor]:
+def _mf_partials(case: Case, scaled: bool = True, token_major: bool = False) -> torch.Tensor:
     shares = rank_shares(case)
     t = shares[0].inputs["residual"].shape[0]
     summed = torch.zeros(t, shares[0].inputs["gemm_out"].shape[1], dtype=torch.float64)
@@ -205,8 +205,13 @@ def _mf_reference(case: Case) -> dict[str, torch.Tensor]:
         t_exp, k = scales.shape
         for tok in range(t):
             for j in range(k):
-                summed[tok] += scales[tok, j] * gemm[row_map[j * t_exp + tok]]
-    return _residual_norm_reference(summed, shares[0], case.outputs["out_residual"].dtype)
+                row = row_map[tok * k + j] if token_major else row_map[j * t_exp + tok]
+                summed[tok] += (scales[tok, j] if scaled else float(scales[tok, j] != 0)) * gemm[row]
+    return summed
+
+
+def _mf_reference(case: Case) -> dict[str, torch.Tensor]:
+    return _residual_norm_reference(_mf_partials(case), rank_shares(case)[0], case.outputs["out_residual"].dtype)
 
 
 # ---------------------------------------------------------------- moe.fused_experts_reduce
@@ -287,14 +292,55 @@ def _fe_wrapped_ids_reference(case: Case) -> dict[str, torch.Tensor] | None:
     return {"out": total.float()}
 
 
-# Named near-misses: (what the candidate did, the reference it would match then). On a failed
-# comparison the referee says which one the output matches, so the author learns the cause.
-NEAR_MISSES: dict[str, tuple[tuple[str, Callable[[Case], dict[str, torch.Tensor] | None]], ...]] = {
-    "moe.fused_experts_reduce": (
-        ("id -1 read as the last local expert (negative indexing); -1 marks an empty slot (engines pad with it, "
-         "and expert-parallel ranks see it for experts they do not hold): it must contribute nothing",
-         _fe_wrapped_ids_reference),
-    ),
+def _fe_unreduced(case: Case) -> dict[str, torch.Tensor]:
+    """The near-miss that skips the reduction: rank 0's local result only."""
+    s = rank_shares(case)[0]
+    return {"out": _local_experts64(s.inputs["x"], s.inputs["topk_ids"], s.inputs["topk_weights"], *s.prepare_args).float()}
+
+
+def _ar_rank_missing(case: Case) -> dict[str, torch.Tensor]:
+    return {"out": sum(s.inputs["x"].double() for s in rank_shares(case)[:-1]).float()}
+
+
+def _arn_rank_missing(case: Case) -> dict[str, torch.Tensor]:
+    shares = rank_shares(case)
+    summed = sum(s.inputs["x"].double() for s in shares[:-1])
+    return _residual_norm_reference(summed, shares[0], case.outputs["out_residual"].dtype)
+
+
+def _arn_residual_missing(case: Case) -> dict[str, torch.Tensor]:
+    shares = rank_shares(case)
+    summed = sum(s.inputs["x"].double() for s in shares)
+    no_residual = RankShare({**shares[0].inputs, "residual": torch.zeros_like(shares[0].inputs["residual"])})
+    return _residual_norm_reference(summed, no_residual, case.outputs["out_residual"].dtype)
+
+
+def _mf_scales_ignored(case: Case) -> dict[str, torch.Tensor]:
+    """Every owned expert's row summed with weight 1 (the scales read as a mask)."""
+    return _residual_norm_reference(_mf_partials(case, scaled=False), rank_shares(case)[0], case.outputs["out_residual"].dtype)
+
+
+def _mf_token_major(case: Case) -> dict[str, torch.Tensor] | None:
+    shares = rank_shares(case)
+    if shares[0].inputs["scales"].shape[1] == 1:
+        return None
+    return _residual_norm_reference(_mf_partials(case, token_major=True), shares[0], case.outputs["out_residual"].dtype)
+
+
+# Named near-misses: what a candidate making the mistake writes. On a failed comparison the
+# collective referee says which one the output matches, so the author learns the cause; the
+# oracle self-test requires each to fail the comparator.
+_MINUS_ONE = NearMiss("id -1 read as the last local expert (negative indexing); -1 marks an empty slot (engines pad "
+                      "with it, and expert-parallel ranks see it for experts they do not hold): it must contribute nothing",
+                      _fe_wrapped_ids_reference)
+_ONE_RANK_MISSING = "the last rank's contribution missing from the reduction"
+NEAR_MISSES: dict[str, tuple[NearMiss, ...]] = {
+    "collective.all_reduce": (NearMiss(_ONE_RANK_MISSING, _ar_rank_missing),),
+    "collective.ar_residual_rmsnorm": (NearMiss(_ONE_RANK_MISSING, _arn_rank_missing),
+                                       NearMiss("residual not added", _arn_residual_missing)),
+    "collective.moe_finalize_ar_rmsnorm": (NearMiss("scales ignored (owned experts summed with weight 1)", _mf_scales_ignored),
+                                           NearMiss("row_map read token-major (t·K + k, not k·T_exp + t)", _mf_token_major)),
+    "moe.fused_experts_reduce": (_MINUS_ONE, NearMiss("no reduction (the local result only)", _fe_unreduced)),
 }
 
 
@@ -310,7 +356,7 @@ def _slot(slot: Slot, make_case: Callable, reference: Callable, ratio: float, sh
           describe: Callable) -> SlotDef:
     return SlotDef(slot=slot, make_case=make_case, reference=reference, comparator=MatchedRatio(ratio),
                    profiles=_profiles(shapes, ("single", "ragged", "large", "head_trimmed", "ep_padded")),
-                   incumbent=kernel, describe=describe)
+                   incumbent=kernel, describe=describe, near_misses=NEAR_MISSES[slot.name])
 
 
 SLOTS = (

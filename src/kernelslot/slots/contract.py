@@ -23,7 +23,7 @@ import torch
 
 from kernelslot.abi import Role
 from kernelslot.abi.capability import DESCRIPTOR_FIELDS
-from kernelslot.slots.base import Profile, SlotDef, dtype_name
+from kernelslot.slots.base import Profile, SlotDef, comparator_text, dtype_name
 from kernelslot.slots.models import MODELS
 
 _REFEREE_SET = {"arch": ["cpu", "sm_XY (CUDA: the device's compute capability)"]}
@@ -235,7 +235,7 @@ def _descriptor(defn: SlotDef, cases: list[tuple[Profile, Any]]) -> list[dict[st
 
 
 def _comparator_text(c: Any) -> str:
-    return c.describe() if c is not None else "the slot's comparator"
+    return comparator_text(c) if c is not None else "the slot's comparator"
 
 
 _CACHE: dict[str, tuple[SlotDef, dict[str, Any]]] = {}

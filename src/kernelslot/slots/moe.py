@@ -22,7 +22,8 @@ import torch
 from kernelslot.abi import AllOf, Arg, CallDescriptor, CapabilityDomain, Cosine, MatchedRatio, OutputSpec, Role, Slot, SlotKind
 from kernelslot.formats import dequantize_moe_layer_nvfp4, quantize_moe_layer_nvfp4
 from kernelslot.kernels import moe as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.kernels.moe_block.spec import ExpertActivation
+from kernelslot.slots.base import LOW_BIT, Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 from kernelslot.slots.models import model_profile
 
 FUSED_EXPERTS = Slot(
@@ -90,12 +91,16 @@ def _act_reference(g: torch.Tensor, u: torch.Tensor, act) -> torch.Tensor:
     raise ValueError(f"no reference for activation {act.kind}")
 
 
-def _reference(case: Case) -> dict[str, torch.Tensor]:
+def _reference(case: Case, activation=None, ids: torch.Tensor | None = None,
+               weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """fp64 loop over tokens and routed slots; the keywords substitute parts (near-misses only)."""
     a, b = case.prepare_args
     w13, w2 = dequantize_moe_layer_nvfp4(b) if isinstance(a, str) else (a, b)
     w13, w2 = w13.double(), w2.double()
     x = case.inputs["x"].double()
-    ids, weights = case.inputs["topk_ids"], case.inputs["topk_weights"].double()
+    ids = case.inputs["topk_ids"] if ids is None else ids
+    weights = (case.inputs["topk_weights"] if weights is None else weights).double()
+    act = case.meta["activation"] if activation is None else activation
     inter = w2.shape[2]
     out = torch.zeros(x.shape, dtype=torch.float64)
     for m in range(x.shape[0]):
@@ -104,8 +109,46 @@ def _reference(case: Case) -> dict[str, torch.Tensor]:
             if e < 0:
                 continue
             gu = w13[e] @ x[m]
-            out[m] += weights[m, j] * (w2[e] @ _act_reference(gu[:inter], gu[inter:], case.meta["activation"]))
+            out[m] += weights[m, j] * (w2[e] @ _act_reference(gu[:inter], gu[inter:], act))
     return {"out": out.float()}
+
+
+def _minus_one_as_last_expert(case: Case) -> dict[str, torch.Tensor] | None:
+    ids = case.inputs["topk_ids"]
+    if not bool((ids < 0).any()):
+        return None
+    return _reference(case, ids=torch.where(ids < 0, ids + _num_experts(case), ids))
+
+
+def _renormalised(case: Case) -> dict[str, torch.Tensor]:
+    w = case.inputs["topk_weights"].double() * (case.inputs["topk_ids"] >= 0)
+    return _reference(case, weights=w / w.sum(-1, keepdim=True).clamp_min(1e-30))
+
+
+def _silu_for_swigluoai(case: Case) -> dict[str, torch.Tensor] | None:
+    if case.meta["activation"].kind != "swigluoai":
+        return None
+    return _reference(case, activation=ExpertActivation("silu"))
+
+
+def _last_slot_skipped(case: Case) -> dict[str, torch.Tensor]:
+    """The routed-slot loop one short: every token's last (k = K-1) contribution missing."""
+    ids = case.inputs["topk_ids"].clone()
+    ids[:, -1] = -1
+    return _reference(case, ids=ids)
+
+
+def _num_experts(case: Case) -> int:
+    a, b = case.prepare_args
+    return b.num_experts if isinstance(a, str) else a.shape[0]
+
+
+NEAR_MISSES = (
+    NearMiss("-1 read as the last expert (negative indexing)", _minus_one_as_last_expert),
+    NearMiss("routing weights renormalised to sum 1 (the slot passes raw weights)", _renormalised),
+    NearMiss("SiLU for swigluoai", _silu_for_swigluoai),
+    NearMiss("the last routed slot skipped (loop over k one short)", _last_slot_skipped),
+)
 
 
 def _describe(case: Case) -> CallDescriptor:
@@ -138,7 +181,8 @@ def _profiles() -> tuple[Profile, ...]:
             out.append(Profile(
                 name, {"M": m, "E": e, "K": k, "H": h, "I": i, "drop": drop, "wrange": wr, "xscale": xs,
                        "model": model, "quant": quant},
-                dt, model=model, tags=frozenset({"adversarial"}) if drop or m == 1 or m % 2 else frozenset(),
+                dt, model=model, tags=(frozenset({"adversarial"}) if drop or m == 1 or m % 2 else frozenset())
+                | (frozenset({LOW_BIT}) if quant == "nvfp4" else frozenset()),
                 comparator=NVFP4_COMPARATOR if quant == "nvfp4" else None,
             ))
     return tuple(out)
@@ -157,6 +201,7 @@ SLOTS = (
         incumbent=SILU_KERNEL,
         describe=_describe,
         traffic=_traffic,
+        near_misses=NEAR_MISSES,
         builtins=(
             Candidate(SILU_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["generic", "qwen3-moe"]}})),
             Candidate(SWIGLUOAI_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["MiniMax-M3", "gpt-oss"]}})),

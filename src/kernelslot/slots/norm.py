@@ -5,7 +5,7 @@ import torch
 
 from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import norm as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.slots.base import Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 from kernelslot.slots.models import model_profile
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -46,6 +46,42 @@ def _reference(case: Case) -> dict[str, torch.Tensor]:
     return {"out": (y * case.inputs["weight"].double()).float()}
 
 
+def _weight_ignored(case: Case) -> dict[str, torch.Tensor]:
+    x = case.inputs["x"].double()
+    return {"out": (x * torch.rsqrt(x.square().mean(-1, keepdim=True) + case.inputs["eps"])).float()}
+
+
+def _one_plus_w_twice(case: Case) -> dict[str, torch.Tensor]:
+    return {"out": (_reference(case)["out"].double() * (1 + case.inputs["weight"].double())).float()}
+
+
+def _eps_outside_root(case: Case) -> dict[str, torch.Tensor] | None:
+    """Exercised where eps is not negligible against mean(x²) (eps-dominated rows)."""
+    x, eps = case.inputs["x"].double(), case.inputs["eps"]
+    ms = x.square().mean(-1, keepdim=True)
+    if eps < 0.1 * float(ms.min()):
+        return None
+    return {"out": (x / (ms.sqrt() + eps) * case.inputs["weight"].double()).float()}
+
+
+def _layernorm(case: Case) -> dict[str, torch.Tensor] | None:
+    """Exercised where a row's mean is at least its spread (offset-dominated rows)."""
+    x = case.inputs["x"].double()
+    if not bool((x.mean(-1).abs() >= x.std(-1)).any()):
+        return None
+    c = x - x.mean(-1, keepdim=True)
+    y = c * torch.rsqrt(c.square().mean(-1, keepdim=True) + case.inputs["eps"])
+    return {"out": (y * case.inputs["weight"].double()).float()}
+
+
+NEAR_MISSES = (
+    NearMiss("weight ignored", _weight_ignored),
+    NearMiss("(1 + w) applied to a weight that already holds it", _one_plus_w_twice),
+    NearMiss("eps added outside the root (x / (rms + eps))", _eps_outside_root),
+    NearMiss("LayerNorm (mean subtracted) instead of RMSNorm", _layernorm),
+)
+
+
 def _describe(case: Case) -> CallDescriptor:
     x = case.inputs["x"]
     return CallDescriptor(num_tokens=x.shape[0], hidden_size=x.shape[-1])
@@ -75,5 +111,6 @@ SLOTS = (
         describe=_describe,
         sizes=(("num_tokens", "rows"), ("hidden_size", "hidden")),
         traffic=_traffic,
+        near_misses=NEAR_MISSES,
     ),
 )

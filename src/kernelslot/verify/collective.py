@@ -42,7 +42,7 @@ import torch.distributed as dist
 from kernelslot.abi import AllocatedOutput, Role, allocate_output
 from kernelslot.abi.tensor_spec import allocate_plain, canary_value
 from kernelslot.slots.base import Candidate, Case, Kernel, KernelSource, Profile, SlotDef, dtype_name
-from kernelslot.slots.collective import NEAR_MISSES, RankShare, rank_shares, world_of
+from kernelslot.slots.collective import RankShare, rank_shares, world_of
 from kernelslot.verify.checks import check_call, check_inputs, snapshot
 from kernelslot.verify.collective_session import CollectiveSession, SessionError, stuck_where
 from kernelslot.verify.collective_wire import share_storage, tensor_desc
@@ -326,10 +326,10 @@ class _ProfileCheck:
 
     def _near_miss(self, name: str, actual: torch.Tensor) -> str:
         """Which of the slot's named near-misses the output matches, if any (the likely cause)."""
-        for why, reference in NEAR_MISSES.get(self.defn.name, ()):
-            near = reference(clone_case(self.case))
+        for near_miss in self.defn.near_misses:
+            near = near_miss.outputs(clone_case(self.case))
             if near is not None and self.defn.comparator_for(name, self.profile).compare(actual, near[name]).passed:
-                return f"; it matches the reference with {why}"
+                return f"; it matches the reference with {near_miss.name}"
         return ""
 
     def _merge(self, rank: int, scratch: ProfileResult) -> None:
