@@ -1,27 +1,34 @@
 """The oracle self-test: every profile rejects a battery of trivially wrong answers.
 
-The default suite runs a representative subset (each slot's first profile, plus its first
+The default suite runs a representative subset (each slot's first profile, plus its smallest
 low-bit profile); the whole catalog runs under ``-m slow`` and must pass too.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 import torch
 
 from kernelslot.abi import AllClose, Cosine, MatchedRatio
 from kernelslot.cli import main
-from kernelslot.slots import CATALOG, get_slot
+from kernelslot.slots import CATALOG, Candidate, Kernel, get_slot
 from kernelslot.slots.base import LOW_BIT
+from kernelslot.verify import VerifyOptions, verify_slot
 from kernelslot.verify.oracle import oracle_profile, oracle_slot, round_significand
+from tests.cheats import moe_block_renormalise_topk as cheat
+
+
+def _size(profile):
+    return math.prod(v for v in profile.dims.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 
 
 def _representative(defn):
-    """The slot's first profile (the small one by convention) and its first low-bit profile."""
-    low_bit = next((p for p in defn.profiles if LOW_BIT in p.tags), None)
-    return [defn.profiles[0]] + ([low_bit] if low_bit is not None else [])
+    """The slot's first profile (the small one by convention) and its smallest low-bit profile."""
+    low_bits = [p for p in defn.profiles if LOW_BIT in p.tags]
+    return [defn.profiles[0]] + ([min(low_bits, key=_size)] if low_bits else [])
 
 
 def _assert_caught(defn, profiles):
@@ -141,3 +148,12 @@ def test_near_miss_is_judged_with_the_slot():
 def test_oracle_slot_runs_every_profile():
     defn = get_slot("activation.silu_and_mul")
     assert [r.profile for r in oracle_slot(defn)] == [p.label for p in defn.profiles]
+
+
+def test_a_failed_comparison_names_the_near_miss_it_matches():
+    defn = get_slot("moe.block_tkg")
+    profile = next(p for p in defn.profiles if p.name == "t1_selective_dense" and p.dtype == torch.float32)
+    report = verify_slot(dataclasses.replace(defn, profiles=(profile,)), Candidate(Kernel(cheat.entry, cheat.prepare)),
+                         VerifyOptions(dtypes=(torch.float32,)))
+    messages = [c.message for r in report.results for c in r.failures()]
+    assert any("it matches the reference with routing weights renormalised" in m for m in messages), messages

@@ -251,6 +251,15 @@ class SlotDef:
     def describe_comparator(self) -> str:
         return comparator_text(self.comparator)
 
+    def near_miss_matching(self, case: Case, output: str, actual: torch.Tensor, profile: Profile | None = None) -> str | None:
+        """The first named near-miss whose ``output`` the comparator accepts ``actual`` as (the likely
+        cause of a failed comparison), or None. ``case`` is a copy: near-misses read it only."""
+        for near in self.near_misses:
+            outs = near.outputs(case)
+            if outs is not None and self.comparator_for(output, profile).compare(actual, outs[output]).passed:
+                return near.name
+        return None
+
     @property
     def dtypes(self) -> tuple[torch.dtype, ...]:
         seen: list[torch.dtype] = []

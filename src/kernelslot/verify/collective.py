@@ -326,11 +326,8 @@ class _ProfileCheck:
 
     def _near_miss(self, name: str, actual: torch.Tensor) -> str:
         """Which of the slot's named near-misses the output matches, if any (the likely cause)."""
-        for near_miss in self.defn.near_misses:
-            near = near_miss.outputs(clone_case(self.case))
-            if near is not None and self.defn.comparator_for(name, self.profile).compare(actual, near[name]).passed:
-                return f"; it matches the reference with {near_miss.name}"
-        return ""
+        near = self.defn.near_miss_matching(clone_case(self.case), name, actual, self.profile)
+        return f"; it matches the reference with {near}" if near else ""
 
     def _merge(self, rank: int, scratch: ProfileResult) -> None:
         for c in scratch.failures():

@@ -300,7 +300,10 @@ class _ProfileRun:
             key = f"{out_name}.{verdict.metric}"
             self.result.metrics[key] = min(self.result.metrics.get(key, verdict.value), verdict.value)  # worst call
             if not verdict.passed:
-                self.result.record(check, FAIL, f"{label}{out_name}: {verdict.describe()}")
+                near = None if self.result.failures() else (  # the first failure only: near-misses cost references
+                    self.defn.near_miss_matching(clone_case(self.ref_case), out_name, actual, self.profile))
+                why = f"; it matches the reference with {near}" if near else ""  # the slot's named mistake
+                self.result.record(check, FAIL, f"{label}{out_name}: {verdict.describe()}{why}")
                 ok = False
         return ok
 
