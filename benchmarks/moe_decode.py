@@ -321,25 +321,39 @@ def cpu_mhz() -> float | None:
 def decode_cycles(gen: torch.Generator, iters: int) -> list[dict]:
     """Kernel cost per 32 weights, hot: one thread, one expert (H = I = 1024, L2/L3-resident),
     all T tokens routed to it; thread CPU time (robust to a shared machine), minimum of
-    ``iters`` calls, so call overheads are included. Cycles at the nominal clock."""
+    ``iters`` calls, so call overheads are included. ``marginal``: the same at H = I = 2048
+    minus H = I = 1024, per extra 32 weights — the per-call overheads (Python, allocation,
+    thread pool) cancel; per-element work (activation quantisation, epilogue) stays. Cycles at
+    the nominal clock."""
     mhz, records = cpu_mhz(), []
-    print(f"\n== decode cost, hot, 1 thread (H = I = 1024, 1 expert); cycles at {mhz or '?'} MHz")
-    print(f"{'format':>7} {'T':>3} {'ns/32w':>7} {'cyc/32w':>8} {'cyc/32w/token':>14}")
+    print(f"\n== decode cost, hot, 1 thread (1 expert); cycles at {mhz or '?'} MHz")
+    print(f"{'format':>7} {'T':>3} {'ns/32w':>7} {'cyc/32w':>8} {'cyc/32w/token':>14} {'marginal':>9}")
+
+    def best(prep, T, n):
+        x, out = torch.randn(T, n, generator=gen), torch.zeros(T, n)
+        ids, w = torch.zeros(T, 1, dtype=torch.int32), torch.ones(T, 1)
+        ts = []
+        for _ in range(iters):
+            t = time.thread_time()
+            expert_mlp_native(x, ids, w, prep, ACT, True, prep_mx[id(prep)], out, num_threads=1)
+            ts.append(time.thread_time() - t)
+        return min(ts)
+    prep_mx = {}
     for fmt in ("mxfp4", "nvfp4", "mxfp8", "bf16"):
-        c = Case("hot", fmt, 1, 1024, 1024, 1, 1, mx_path=fmt in ("mxfp4", "mxfp8"))
-        prep = prepare_native_experts(random_experts(c, gen))
+        preps = {}
+        for n in (1024, 2048):
+            c = Case("hot", fmt, 1, n, n, 1, 1, mx_path=fmt in ("mxfp4", "mxfp8"))
+            preps[n] = prepare_native_experts(random_experts(c, gen))
+            prep_mx[id(preps[n])] = c.mx_path
         for T in (1, 2, 8, 16):
-            x, out = torch.randn(T, 1024, generator=gen), torch.zeros(T, 1024)
-            ids, w = torch.zeros(T, 1, dtype=torch.int32), torch.ones(T, 1)
-            ts = []
-            for _ in range(iters):
-                t = time.thread_time()
-                expert_mlp_native(x, ids, w, prep, ACT, True, c.mx_path, out, num_threads=1)
-                ts.append(time.thread_time() - t)
-            ns = min(ts) / (3 * 1024 * 1024 / 32) * 1e9
+            t1, t2 = best(preps[1024], T, 1024), best(preps[2048], T, 2048)
+            blocks1, blocks2 = 3 * 1024 * 1024 / 32, 3 * 2048 * 2048 / 32
+            ns, marg = t1 / blocks1 * 1e9, (t2 - t1) / (blocks2 - blocks1) * 1e9
             cyc = ns * mhz / 1e3 if mhz else float("nan")
-            print(f"{fmt:>7} {T:>3} {ns:7.2f} {cyc:8.2f} {cyc / T:14.2f}", flush=True)
-            records.append({"format": fmt, "T": T, "ns_per_32_weights": ns, "cycles_per_32_weights": cyc})
+            mcyc = marg * mhz / 1e3 if mhz else float("nan")
+            print(f"{fmt:>7} {T:>3} {ns:7.2f} {cyc:8.2f} {cyc / T:14.2f} {mcyc:9.2f}", flush=True)
+            records.append({"format": fmt, "T": T, "ns_per_32_weights": ns, "cycles_per_32_weights": cyc,
+                            "marginal_cycles_per_32_weights": mcyc})
     return records
 
 
