@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelslot.abi import Arg, CallDescriptor, Cosine, MatchedRatio, Role, Slot, SlotKind
-from kernelslot.abi.comparators import AnyOfRows, tie_partition, unit_roundoff
+from kernelslot.abi.comparators import AnyOfRows, default_tol, tie_partition, unit_roundoff
 from kernelslot.formats.elements import to_e4m3
 from kernelslot.formats.mx import dequantize_mx, quantize_mx
 from kernelslot.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
@@ -275,8 +275,20 @@ def _with_config(case: Case, **changes: Any) -> dict[str, Any]:
 
 
 def _renormalised(case: Case) -> dict[str, Any] | None:
-    cfg = case.prepare_args[1].config
-    if cfg.norm_topk_prob or cfg.scaling is ScalingMode.NO_SCALE or cfg.top_k == 1:
+    """Exercised where some token's routed affinities do not already sum to 1 within the I/O
+    dtype's tolerance (there, renormalising them is the contract's answer within tolerance)."""
+    layer: MoeBlockLayer = case.prepare_args[1]
+    cfg = layer.config
+    if cfg.norm_topk_prob or cfg.scaling is ScalingMode.NO_SCALE:
+        return None
+    inp = case.inputs
+    logits = moe_block_reference(inp["x"], inp["residual"], layer, inp["eps"])["router_logits"].double()
+    act = torch.sigmoid if cfg.router_activation == "sigmoid" else (lambda v: torch.softmax(v, dim=-1))
+    scores = act(logits) if cfg.router_pre_norm else logits
+    select = scores if layer.correction_bias is None else scores + layer.correction_bias.double()
+    chosen = scores.gather(1, torch.argsort(-select, dim=-1, stable=True)[:, :cfg.top_k])
+    sums = (chosen if cfg.router_pre_norm else act(chosen)).sum(-1)
+    if bool(((sums - 1).abs() <= default_tol(inp["x"].dtype)).all()):
         return None
     return _with_config(case, norm_topk_prob=True)
 
