@@ -197,6 +197,13 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
+    if args.envelope_mib <= 0:
+        raise UsageError(f"--envelope-mib must be a positive number of MiB, got {args.envelope_mib}")
+    from kernelslot.verify.envelope import SIZE_FIELDS
+
+    for f in args.envelope_field or ():
+        if f not in SIZE_FIELDS:
+            raise UsageError(f"--envelope-field {f}: not a size field; valid: {', '.join(SIZE_FIELDS)}")
     untrusted = args.bundle is not None
     if args.random_seeds or (untrusted and args.seed_base is None):
         # a bundle's inputs are drawn from a seed it cannot anticipate (printed for reproduction)
@@ -208,7 +215,8 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
                          profiles=tuple(args.profile) if args.profile else None, model=args.model, time=args.time,
                          world_sizes=tuple(args.world_size) if args.world_size else VerifyOptions.world_sizes,
                          collective_timeout_s=args.timeout, extra_mean=2.0 if untrusted else 0.25,
-                         envelope=untrusted)
+                         envelope=untrusted, envelope_max_bytes=args.envelope_mib << 20,
+                         envelope_fields=tuple(args.envelope_field) if args.envelope_field else None)
 
 
 def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Any]]], object | None]:
@@ -436,6 +444,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="base fresh-input replays per profile (>= 2); a geometric number more is drawn at random "
                         "(mean 0.25, a bundle's 2)")
     v.add_argument("--time", action="store_true", help="time candidate and incumbent side by side")
+    v.add_argument("--envelope-mib", type=int, default=256, metavar="MIB",
+                   help="a bundle's boundary profiles (verified envelope) are clipped to cases of at most this "
+                        "many MiB (default 256)")
+    v.add_argument("--envelope-field", action="append", metavar="FIELD",
+                   help="extend the verified envelope only along this size field (repeatable; default: every "
+                        "field the slot maps); the others are verified as observed on the profiles")
     iso = v.add_mutually_exclusive_group()
     iso.add_argument("--isolate", dest="isolate", action="store_true", default=None,
                      help="run candidate code in a worker process (default for bundles)")

@@ -20,7 +20,7 @@ def _new(tmp_path, capsys, slot: str, *extra: str):
 
 
 def _verify(capsys, bundle, *extra: str) -> tuple[int, str]:
-    rc = main(["verify", str(bundle), "--quiet", *extra])
+    rc = main(["verify", str(bundle), "--quiet", "--envelope-field", "num_tokens", *extra])
     out = capsys.readouterr()
     return rc, out.out + out.err
 

@@ -83,7 +83,7 @@ SLOTS = (
         incumbent=INCUMBENT,
         builtins=(Candidate(INCUMBENT, graph_safe=True),),
         describe=_describe,
-        sizes=(("hidden_size", "d"),),
+        sizes=(("hidden_size", "d"), ("num_tokens", "lead", lambda dims, n: {**dims, "lead": (n,)})),
         traffic=_traffic,
         near_misses=NEAR_MISSES,
     ),

@@ -23,7 +23,8 @@ import torch
 
 from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import attention as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, cycled, multiple_of,
+                                   nbytes, output_traffic, randn)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ADVERSARIAL = frozenset({"adversarial"})
@@ -303,6 +304,27 @@ def _decode_traffic(case: Case) -> Traffic:
     return Traffic(fixed + 2 * tokens * row, 4 * q.shape[2] * group * tokens)
 
 
+# Envelope sizes (verify/envelope.py): query heads stay a multiple of kv heads (the GQA group is
+# kept when kv heads change); causal sdpa keeps T <= S; decode's page table stays a multiple of the
+# block size, with the requests' lengths scaled along with it.
+_HEADS = (("num_q_heads", "Hq", lambda d, n: {**d, "Hq": multiple_of(n, d["Hkv"])}),
+          ("num_kv_heads", "Hkv", lambda d, n: {**d, "Hkv": n, "Hq": n * (d["Hq"] // d["Hkv"])}),
+          ("head_dim", "D"))
+_SDPA_SIZES = (("num_tokens", "T", lambda d, n: {**d, "T": n, "S": max(d["S"], n) if d["causal"] else d["S"]}),
+               ("kv_len", "S", lambda d, n: {**d, "S": n, "T": min(d["T"], n) if d["causal"] else d["T"]}), *_HEADS)
+
+
+def _decode_kv_len(d: dict, n: int) -> dict:
+    width = multiple_of(n, d["bs"])
+    return {**d, "kv_len": width, "seq_lens": tuple(max(1, s * width // d["kv_len"]) for s in d["seq_lens"])}
+
+
+_DECODE_SIZES = (("batch_size", "seq_lens", lambda d, n: {**d, "seq_lens": cycled(d["seq_lens"], n)}),
+                 ("kv_len", "kv_len", _decode_kv_len), ("top_k", "topk"),
+                 ("block_size", "bs", lambda d, n: {**d, "bs": n, "kv_len": multiple_of(max(d["kv_len"], n), n)}),
+                 *_HEADS)
+
+
 def _profiles(shapes: dict, model_of: Callable[[str, dict], str], adversarial: set[str]) -> tuple[Profile, ...]:
     return tuple(
         Profile(name, dims, dt, model=model_of(name, dims), tags=ADVERSARIAL if name in adversarial else frozenset())
@@ -330,6 +352,7 @@ SLOTS = (
         incumbent=SDPA_INCUMBENT,
         describe=_sdpa_describe,
         traffic=_sdpa_traffic,
+        sizes=_SDPA_SIZES,
         builtins=(Candidate(SDPA_INCUMBENT, graph_safe=True),),
         near_misses=SDPA_NEAR_MISSES,
     ),
@@ -344,6 +367,7 @@ SLOTS = (
         incumbent=DECODE_INCUMBENT,
         describe=_decode_describe,
         traffic=_decode_traffic,
+        sizes=_DECODE_SIZES,
         builtins=(Candidate(DECODE_INCUMBENT, graph_safe=True),),
         near_misses=DECODE_NEAR_MISSES,
         notes="graph-safe incumbent: masks instead of data-dependent shapes; no host synchronisation",

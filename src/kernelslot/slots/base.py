@@ -18,7 +18,7 @@ import torch
 from kernelslot.abi import CallDescriptor, CapabilityDomain, Comparator, OutputSpec, Slot
 
 __all__ = ["Profile", "Case", "Kernel", "KernelSource", "Override", "Needs", "Candidate", "NearMiss", "SlotDef", "OutputSpec",
-           "Traffic", "randn", "dtype_name", "nbytes", "output_traffic", "LOW_BIT"]
+           "Traffic", "randn", "dtype_name", "nbytes", "output_traffic", "LOW_BIT", "multiple_of", "cycled"]
 
 
 # Profile tag: 4-bit (E2M1) weights or activations on the profile's path; its own comparator admits that
@@ -220,8 +220,9 @@ class SlotDef:
     notes: str = ""
     # The built-in kernels as routed variants (e.g. one per model activation); default: the incumbent alone.
     builtins: tuple["Candidate", ...] = ()
-    # CallDescriptor field -> the profile dimension that sets it alone (verify/envelope.py boundary profiles)
-    sizes: tuple[tuple[str, str], ...] = ()
+    # (CallDescriptor field, profile dimension that sets it[, fit]) for verify/envelope.py boundary profiles;
+    # fit(dims, target) -> the dims of a valid case near target (other dims adjusted), or None if none
+    sizes: tuple[tuple[str, str] | tuple[str, str, Callable[[dict, int], dict | None]], ...] = ()
     # the least bytes/flops of one call (bench/roofline.py physics floor); default: its outputs, written once
     traffic: Callable[[Case], Traffic] = output_traffic
     # Named near-misses the comparator must reject (verify/oracle.py), with the slot's semantics.
@@ -274,6 +275,16 @@ def comparator_text(comparator: Comparator | Mapping[str, Comparator]) -> str:
     if isinstance(comparator, Mapping):
         return "; ".join(f"{k}: {c.describe()}" for k, c in comparator.items())
     return comparator.describe()
+
+
+def multiple_of(value: int, step: int) -> int:
+    """The nearest positive multiple of ``step`` to ``value`` (a size fit for ``SlotDef.sizes``)."""
+    return max(step, step * round(value / step))
+
+
+def cycled(values: tuple, n: int) -> tuple:
+    """``values`` repeated or cut to length ``n`` (per-request dims resized to ``n`` requests)."""
+    return tuple(values[i % len(values)] for i in range(n))
 
 
 def dtype_name(dtype: torch.dtype) -> str:

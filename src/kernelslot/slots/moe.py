@@ -23,7 +23,8 @@ from kernelslot.abi import AllOf, Arg, CallDescriptor, CapabilityDomain, Cosine,
 from kernelslot.formats import dequantize_moe_layer_nvfp4, quantize_moe_layer_nvfp4
 from kernelslot.kernels import moe as builtin
 from kernelslot.kernels.moe_block.spec import ExpertActivation
-from kernelslot.slots.base import LOW_BIT, Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.slots.base import (LOW_BIT, Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, multiple_of, nbytes,
+                                   output_traffic, randn)
 from kernelslot.slots.models import model_profile
 
 FUSED_EXPERTS = Slot(
@@ -174,6 +175,17 @@ def _traffic(case: Case) -> Traffic:
     return Traffic(fixed + experts, 6 * h * inter * int((ids >= 0).sum()))
 
 
+def _width(key: str):
+    """A fit for H or I: NVFP4 weights quantise in blocks of 16 (kept a multiple of 32)."""
+    return lambda d, n: {**d, key: multiple_of(n, 32) if d["quant"] == "nvfp4" else n}
+
+
+# Envelope sizes (verify/envelope.py); top_k stays at most num_experts.
+_SIZES = (("num_tokens", "M"), ("top_k", "K", lambda d, n: {**d, "K": n, "E": max(d["E"], n)}),
+          ("num_experts", "E", lambda d, n: {**d, "E": n, "K": min(d["K"], n)}),
+          ("hidden_size", "H", _width("H")), ("intermediate_size", "I", _width("I")))
+
+
 def _profiles() -> tuple[Profile, ...]:
     out = []
     for name, (m, e, k, h, i, drop, wr, xs, model, quant) in _PROFILES.items():
@@ -202,6 +214,7 @@ SLOTS = (
         describe=_describe,
         traffic=_traffic,
         near_misses=NEAR_MISSES,
+        sizes=_SIZES,
         builtins=(
             Candidate(SILU_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["generic", "qwen3-moe"]}})),
             Candidate(SWIGLUOAI_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["MiniMax-M3", "gpt-oss"]}})),

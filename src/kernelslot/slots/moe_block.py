@@ -36,7 +36,8 @@ from kernelslot.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from kernelslot.kernels.moe_block import moe_block_tkg, prepare_moe_block
 from kernelslot.kernels.moe_block.config import MoeBlockConfig, ScalingMode, SharedExpert
 from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
-from kernelslot.slots.base import LOW_BIT, Case, Kernel, NearMiss, OutputSpec, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.slots.base import (LOW_BIT, Case, Kernel, NearMiss, OutputSpec, Profile, SlotDef, Traffic, multiple_of, nbytes,
+                                   output_traffic, randn)
 from kernelslot.slots.models import MODELS
 
 __all__ = ["MoeBlockLayer", "make_expert_weights", "moe_block_reference", "SLOT", "SLOTS"]
@@ -398,6 +399,17 @@ def _traffic(case: Case) -> Traffic:
     return Traffic(fixed, 2 * x.shape[0] * layer.router_weight.numel())
 
 
+def _width(key: str):
+    """A fit for H or I: quantised formats (MX, NVFP4, fp8 rows) keep a multiple of 32."""
+    return lambda d, n: {**d, key: multiple_of(n, 32) if d.get("format", "dense") != "dense" else n}
+
+
+# Envelope sizes (verify/envelope.py); top_k stays at most the experts (num_experts and world
+# size are recorded as observed: the expert-parallel split is not one dimension).
+_SIZES = (("num_tokens", "T"), ("top_k", "K", lambda d, n: {**d, "K": n} if n <= d["E"] else None),
+          ("hidden_size", "H", _width("H")), ("intermediate_size", "I", _width("I")))
+
+
 # MX profiles: the reference quantises the expert input and the SwiGLU intermediate to MXFP8
 # (the seed's MX projection). A value a hair away from an E4M3 rounding boundary (an honest kernel
 # that rounds h or the intermediate to bf16 first) lands one step (up to 6%) away, so cells
@@ -474,7 +486,7 @@ SLOTS: tuple[SlotDef, ...] = (
         profiles=_PROFILES,
         incumbent=Kernel(entry=moe_block_tkg, prepare=prepare_moe_block, name="kernelslot.moe_block_tkg"),
         describe=_describe,
-        sizes=(("num_tokens", "T"),),
+        sizes=_SIZES,
         traffic=_traffic,
         near_misses=NEAR_MISSES,
         notes="NO_SCALE sums each token's routed set (not the seed's non-zero columns); every given clamp applies.",

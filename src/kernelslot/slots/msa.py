@@ -27,7 +27,7 @@ import torch
 from kernelslot.abi import AllOf, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind, TopKOverlap
 from kernelslot.abi.comparators import canonical_expected, tie_partition, unit_roundoff
 from kernelslot.kernels import msa as builtin
-from kernelslot.slots.base import Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.slots.base import Case, Kernel, NearMiss, Profile, SlotDef, Traffic, cycled, nbytes, output_traffic, randn
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ADVERSARIAL = frozenset({"adversarial"})
@@ -347,6 +347,37 @@ _SCORE_DIMS = {
 }
 
 
+def _prefill_kv_len(d: dict, n: int) -> dict:
+    """Sequences scaled so the longest is ``n`` keys; each query length at most its sequence."""
+    seq = [p + q for p, q in zip(d["prefix"], d["q_lens"])]
+    new = [max(1, s * n // max(seq)) for s in seq]
+    q_lens = tuple(min(q, s) for q, s in zip(d["q_lens"], new))
+    return {**d, "q_lens": q_lens, "prefix": tuple(s - q for s, q in zip(new, q_lens))}
+
+
+def _prefill_tokens(d: dict, n: int) -> dict:
+    """Query lengths scaled to ``n`` tokens in all (each at least 1), prefixes kept."""
+    total = sum(d["q_lens"])
+    q_lens = [max(1, q * n // total) for q in d["q_lens"]]
+    q_lens[-1] = max(1, q_lens[-1] + n - sum(q_lens))
+    return {**d, "q_lens": tuple(q_lens)}
+
+
+# Envelope sizes (verify/envelope.py): per-request tuples cycle to a new batch size; key lengths
+# scale the requests' sequences along (keys past seq_len stay the far-away decoys).
+_SCORE_SIZES = (
+    ("batch_size", "seq_lens", lambda d, n: {**d, "seq_lens": cycled(d["seq_lens"], n)}),
+    ("kv_len", "S", lambda d, n: {**d, "S": n, "seq_lens": tuple(max(1, s * n // d["S"]) for s in d["seq_lens"])}),
+    ("block_size", "bs"), ("num_q_heads", "Hi"), ("head_dim", "D"),
+)
+_PREFILL_SIZES = (
+    ("batch_size", "q_lens", lambda d, n: {**d, "q_lens": cycled(d["q_lens"], n), "prefix": cycled(d["prefix"], n)}),
+    ("num_tokens", "q_lens", _prefill_tokens), ("kv_len", "prefix", _prefill_kv_len),
+    ("top_k", "topk", lambda d, n: {**d, "topk": max(n, d["init"] + d["local"])}),
+    ("block_size", "bk"), ("num_q_heads", "Hi"), ("head_dim", "D"),
+)
+
+
 def _profiles(shapes: dict, adversarial: set[str]) -> tuple[Profile, ...]:
     return tuple(
         Profile(name, dims, dt, model="MiniMax-M3" if name.startswith("minimax") else "generic",
@@ -370,6 +401,7 @@ SLOTS = (
         describe=_score_describe,
         traffic=_score_traffic,
         near_misses=SCORE_NEAR_MISSES,
+        sizes=_SCORE_SIZES,
     ),
     SlotDef(
         slot=PREFILL,
@@ -383,6 +415,7 @@ SLOTS = (
         incumbent=Kernel(builtin.msa_prefill_block_score, name="builtin.msa_prefill_block_score"),
         describe=_prefill_describe,
         traffic=_prefill_traffic,
+        sizes=_PREFILL_SIZES,
         audit=_prefill_audit,
         near_misses=PREFILL_NEAR_MISSES,
     ),

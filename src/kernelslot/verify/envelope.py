@@ -5,8 +5,8 @@ counts, kv lengths, top-k, head counts, world size, ...), the envelope is the ra
 verified. Where the slot can generate a field's value itself (``SlotDef.sizes`` maps the field to
 the profile dimension that sets it), the referee adds **boundary profiles** at the candidate's
 domain limits: its minimum, its maximum (twice the largest profiled value when the domain sets
-none), and one value between, built from the profile nearest each target. A boundary too large to
-run here (its inputs over ``envelope_max_bytes``, estimated linearly from the nearest profile) is
+none), and one value between, each built from the profile nearest it (a size entry's ``fit`` keeps the case valid: GQA groups, block multiples, ...). A boundary too
+large to run here (its inputs over ``envelope_max_bytes``, estimated linearly from its base) is
 clipped to the largest value that fits. A boundary run that fails fails the slot; the receipt
 records the verified envelope (``SlotReport.envelope``), and ``dispatch`` routes a variant only
 inside declared domain ∩ verified envelope (:func:`envelope_domain`).
@@ -78,15 +78,29 @@ class Boundary:
 
 
 def boundary_profiles(defn: SlotDef, cand: Candidate, ran: list[tuple[Profile, CallDescriptor]], max_bytes: int,
-                      make_case: Any, clipped: dict[str, str]) -> list[Boundary]:
+                      make_case: Any, clipped: dict[str, str], fields: tuple[str, ...] | None = None) -> list[Boundary]:
     """Profiles at ``cand``'s domain boundaries for every field ``defn.sizes`` can set.
 
     ``ran``: (profile, descriptor) of the profiles that ran on ``cand``; ``make_case(profile)``
-    builds a case (for the memory estimate). Fields clipped for memory are explained in ``clipped``.
+    builds a case (for the memory estimate). A size entry's ``fit(dims, target)`` (if any) builds
+    the dims of a valid case near ``target`` (e.g. query heads a multiple of kv heads); without one
+    the dimension is set to the target. Fields clipped for memory are explained in ``clipped``;
+    ``fields`` (None: all) limits which size fields are extended (the others stay as observed).
     """
     out: list[Boundary] = []
-    for field, key in defn.sizes:
-        seen = [(p, d.get(field)) for p, d in ran if isinstance(d.get(field), int) and isinstance(p.dims.get(key), int)]
+    memo: dict[str, int] = {}
+
+    def size_of(p: Profile) -> int:
+        if p.label not in memo:
+            memo[p.label] = case_bytes(make_case(p))
+        return memo[p.label]
+
+    for size in defn.sizes:
+        field, key = size[0], size[1]
+        if fields is not None and field not in fields:
+            continue
+        fit = size[2] if len(size) > 2 else (lambda dims, v, key=key: {**dims, key: v} if isinstance(dims.get(key), int) else None)
+        seen = [(p, d.get(field)) for p, d in ran if isinstance(d.get(field), int) and d.get(field) > 0]
         if not seen:
             continue
         values = sorted({v for _, v in seen})
@@ -96,17 +110,22 @@ def boundary_profiles(defn: SlotDef, cand: Candidate, ran: list[tuple[Profile, C
         if top > values[-1]:
             targets |= {int(top), int(round(math.sqrt(values[-1] * top)))}
         for target in sorted(t for t in targets if t not in values):
-            base, base_v = min(seen, key=lambda pv: abs(math.log(pv[1]) - math.log(target)))
-            probe = dataclasses.replace(base, name=f"{base.name}@{field}={target}", dims={**base.dims, key: target})
+            # the profile nearest the target (its other dims are a realistic call), the smallest on a tie
+            near = min(abs(math.log(v) - math.log(target)) for _, v in seen)
+            base, base_v = min(((p, v) for p, v in seen if abs(math.log(v) - math.log(target)) == near),
+                               key=lambda pv: size_of(pv[0]))
             if target > base_v:
-                fits = int(base_v * max_bytes / max(1, case_bytes(make_case(base))))
+                fits = int(base_v * max_bytes / max(1, size_of(base)))
                 if fits < target:
                     clipped[field] = f"domain admits {field} up to {hi:g}; verified only to {max(fits, values[-1])} (memory)"
                     if fits <= values[-1]:
                         continue
                     target = fits
-                    probe = dataclasses.replace(probe, name=f"{base.name}@{field}={target}", dims={**base.dims, key: target})
-            out.append(Boundary(probe, field, target))
+            dims = fit(dict(base.dims), target)
+            if dims is None or dims == dict(base.dims) or any(b.field == field and b.profile.dims == dims for b in out):
+                continue  # no valid case there, or the same case as another boundary (clipped to one size)
+            value = dims[key] if isinstance(dims.get(key), int) else target  # the value the fit chose
+            out.append(Boundary(dataclasses.replace(base, name=f"{base.name}@{field}={value}", dims=dims), field, value))
     return out
 
 

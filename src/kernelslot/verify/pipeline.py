@@ -41,6 +41,7 @@ class VerifyOptions:
     plan_seed: int | None = None  # seeds the call plan (tests); None: drawn from the OS's secret RNG
     envelope: bool = False  # run boundary profiles of each variant's domain and record the verified envelope
     envelope_max_bytes: int = 256 << 20  # a boundary profile whose tensors would exceed this is clipped
+    envelope_fields: tuple[str, ...] | None = None  # extend only these size fields (None: every one the slot maps)
     profiles: tuple[str, ...] | None = None  # profile-name filter
     model: str | None = None  # run this model's profiles (falls back to generic where the slot has none)
     graph: bool = True  # CUDA-graph replay for graph_safe candidates on CUDA
@@ -423,8 +424,9 @@ def _verify_envelope(defn: SlotDef, cands: list[Candidate], runs: list, runner: 
             continue
         clipped: dict[str, str] = {}
         extra = boundary_profiles(defn, cand, [(r.profile, r.desc) for r in mine], opts.envelope_max_bytes,
-                                  lambda p: make_case(defn, p, opts.seeds[0], 0), clipped)
-        more = [_ProfileRun(defn, cand, b.profile, opts.seeds[0], runner, opts, planner.plan()) for b in extra]
+                                  lambda p: make_case(defn, p, opts.seeds[0], 0), clipped, opts.envelope_fields)
+        light = Planner(2, 0.0, None, opts.plan_seed)  # a boundary checks a size: first call, 2 replays, the plain call
+        more = [_ProfileRun(defn, cand, b.profile, opts.seeds[0], runner, opts, light.plan()) for b in extra]
         report.results.extend(r.result for r in more)
         _drive(more, planner, progress)
         passed = [r.desc for r in mine + more if r.result.passed]
