@@ -99,21 +99,29 @@ class Bundle:
     def bundle_id(self) -> str:
         return self.manifest.bundle_id
 
-    def candidates(self, model: str | None = None) -> dict[str, list[Candidate]]:
+    def candidates(self, model: str | None = None, device: str | None = None) -> dict[str, list[Candidate]]:
         """Slot name -> its variants as candidates (callables resolved lazily by the runner).
 
         Each carries its row's effective domain and bound model; ``model`` (``verify --model``)
-        rebinds every row to that model profile instead.
+        rebinds every row to that model profile instead. Rows this machine cannot build are left
+        out, unless ``device`` (the device a verification runs on) is given: then they, and direct
+        rows whose provider cannot run on ``device``, come with ``needs.blocked`` set to why, so
+        that their verdict is *not run* while the bundle's other rows run.
         """
+        from kernelslot.bundle.direct import not_run_reason
+
         out: dict[str, list[Candidate]] = {}
         for row, facts in zip(self.manifest.ops, self.facts or [None] * len(self.manifest.ops)):
-            if row.index in self.unbuilt:
+            blocked = self.unbuilt.get(row.index) or (
+                row.direct is not None and device is not None and not_run_reason(row.direct, device)) or None
+            if row.index in self.unbuilt and device is None:
                 continue
             bound = model or row.model
             name = f"{self.bundle_id}:{row.label}"
             if row.direct is not None:  # the referee's launcher for the sealed artifact
+                seal = self.seals.get(row.index)
                 src = KernelSource(entry="run", prepare="prepare" if row.direct.by_role("prepare") else None,
-                                   sealed=self.seals[row.index].handle)
+                                   sealed=seal.handle if seal else None)
             elif row.base_kernel:
                 attr = override_attr(row.entry, facts)
                 src = KernelSource(entry=row.entry, prepare=f"{row.base_kernel}.prepare", file=str(self.manifest.root / row.source),
@@ -122,7 +130,7 @@ class Bundle:
             else:
                 src = KernelSource(entry=row.entry, prepare=row.prepare, file=str(self.manifest.root / row.source))
             kernel = Kernel(entry=None, prepare=None, name=name, source=src)
-            needs = Needs(() if row.base_kernel else row.architectures, facts.packages if facts else ())
+            needs = Needs(() if row.base_kernel else row.architectures, facts.packages if facts else (), blocked)
             domain = row.domain if model is None else rebound(row.domain, model)
             out.setdefault(row.slot, []).append(Candidate(kernel, domain, row.graph_safe, kernel.name, bound, needs))
         return out

@@ -127,13 +127,17 @@ class Needs:
     empty = any device) and every top-level package in ``packages``.
 
     :meth:`unmet` is the reason the candidate cannot run here (its verdict is then *not run*,
-    never a failure of the candidate), or None.
+    never a failure of the candidate), or None. ``blocked`` is such a reason known in advance (a
+    direct artifact this machine cannot build, or whose provider cannot run on this device).
     """
 
     archs: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
+    blocked: str | None = None
 
     def unmet(self, arch: str) -> str | None:
+        if self.blocked:
+            return self.blocked
         cuda = [p for p in self.packages if p in CUDA_PACKAGES]
         if arch == "cpu" and ((self.archs and "cpu" not in self.archs) or cuda):
             why = f"architectures {', '.join(self.archs)}" if self.archs and "cpu" not in self.archs else f"imports {cuda[0]}"

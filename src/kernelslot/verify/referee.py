@@ -32,9 +32,13 @@ def verify_slot(defn: SlotDef, candidates: Candidate | Sequence[Candidate], opts
     if all(unmet):  # this machine cannot run any variant: not run, never a failure of the candidate
         return SlotReport(defn.name, ", ".join(c.name for c in cands), runner.name if runner else "-", opts.device,
                           not_run="; ".join(dict.fromkeys(u for u in unmet if u)))
+    left_out = [f"{c.name}: not run: {u}" for c, u in zip(cands, unmet) if u]
     cands = [c for c, u in zip(cands, unmet) if not u]
     if defn.slot.kind is SlotKind.COLLECTIVE:
         from kernelslot.verify.collective import verify_collective  # spawns rank processes: imported when needed
 
-        return verify_collective(defn, cands, opts, progress)
-    return pipeline.verify_slot(defn, cands, opts, runner, progress)
+        report = verify_collective(defn, cands, opts, progress)
+    else:
+        report = pipeline.verify_slot(defn, cands, opts, runner, progress)
+    report.notes.extend(left_out)  # the other variants' verdicts stand; these were never exercised
+    return report
