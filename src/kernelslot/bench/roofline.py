@@ -14,17 +14,20 @@ The ceilings are upper bounds, on purpose generous, because calling an honest fa
 impossible is as bad as missing a cheat:
 
 - **Bandwidth** is probed at the call's working-set size (rounded *down* to a power of two, so
-  a call whose data sits in cache is held to cache bandwidth, never to DRAM's): the inputs of a
+  a call whose data sits in cache is held to cache bandwidth, never to DRAM's; at most 4 MiB, so
+  a larger call is held to that size's rate, a looser floor but a probe short enough to run
+  unpreempted): the inputs of a
   timed call were just written by the referee and are hot. One probe sums a buffer of that size
   read over and over in one operation (a stride-0 view, so per-operation overhead is amortised),
-  with every intra-op thread. The ceiling is the largest rate any probe of this process measured
-  at that size or smaller, times ``BANDWIDTH_SAFETY`` (4: a hand-written kernel may use the
-  memory system better than ``torch.sum`` does; reads and writes are both counted at the read
-  rate).
+  with every intra-op thread; the best of many short probes counts (on a loaded machine most are
+  preempted, the best is not). The ceiling is the largest rate any probe of this process measured
+  at that size or smaller, times ``BANDWIDTH_SAFETY`` (8: a hand-written kernel may use the
+  memory system better than ``torch.sum`` does, and a loaded machine may have slowed every probe;
+  reads and writes are both counted at the read rate).
 - **Flops**: the largest rate of square matmul probes in float32 and bfloat16 (and float16 on
   CUDA), times ``FLOPS_SAFETY`` (8: fp8/fp4 units run 2-4x bf16).
-- Before any call is judged impossible the probes run again (the machine may have been loaded
-  while they first ran) and only the best figures count.
+- Before any call is judged impossible the probes run again, ``FRESH_ROUNDS`` times (the machine
+  may have been loaded while they first ran), and only the best figures count.
 - ``KERNELSLOT_PEAK_GBS`` / ``KERNELSLOT_PEAK_TFLOPS`` replace the probes with a stated ceiling
   (used as given: no safety factor).
 
@@ -41,10 +44,13 @@ import torch
 
 from kernelslot.slots.base import Traffic
 
-BANDWIDTH_SAFETY = 4.0
+BANDWIDTH_SAFETY = 8.0
 FLOPS_SAFETY = 8.0
 MIN_PROBE_BYTES = 16 << 10  # below this a call's floor is far under any runner's overhead
-PROBE_READ_BYTES = {"cpu": 32 << 20, "cuda": 1 << 30}  # bytes read per probe (the buffer re-read)
+MAX_PROBE_BYTES = 4 << 20  # larger calls are held to this size's (cache) rate: short probes, a looser floor
+PROBE_READ_BYTES = {"cpu": 2 << 20, "cuda": 256 << 20}  # bytes read per probe (the buffer re-read): short probes
+PROBE_REPEATS = 15  # the best of many short probes: on a loaded machine most are preempted, the best is not
+FRESH_ROUNDS = 3  # probe rounds before a call is judged impossible
 _clock = time.perf_counter  # bound at import: the floor's own measurements use the referee's clock
 
 _bandwidth: dict[tuple[str, int], float] = {}  # (device, size class) -> best bytes/s measured
@@ -76,28 +82,38 @@ def _sync(device: torch.device) -> None:
 
 
 def _size_class(nbytes: int) -> int:
-    return max(MIN_PROBE_BYTES, 1 << max(0, int(nbytes).bit_length() - 1))  # a power of two <= nbytes
+    """A power of two <= nbytes, within the probe sizes (smaller is never slower: conservative)."""
+    return min(MAX_PROBE_BYTES, max(MIN_PROBE_BYTES, 1 << max(0, int(nbytes).bit_length() - 1)))
 
 
-def probe_bandwidth(device: torch.device, size: int, repeats: int = 3) -> float:
-    """Best read rate (bytes/s) of ``repeats`` probes re-reading a hot ``size``-byte buffer."""
+def probe_bandwidth(device: torch.device, size: int, repeats: int = PROBE_REPEATS) -> float:
+    """Best read rate (bytes/s) of ``repeats`` probes re-reading a hot ``size``-byte buffer, with
+    every intra-op thread and (CPU) with one: on a loaded machine a thread pool's barrier can wait a
+    whole time slice for a descheduled thread, one thread never does."""
     n = size // 4
     buf = torch.rand(n, device=device)
-    reps = max(1, PROBE_READ_BYTES.get(device.type, 32 << 20) // size)
+    reps = max(1, PROBE_READ_BYTES.get(device.type, 2 << 20) // size)
     view = buf.expand(reps, n)  # stride 0: the same bytes read ``reps`` times in one operation
     best = 0.0
-    for _ in range(repeats + 1):  # the first warms the buffer and the kernel
-        _sync(device)
-        start = _clock()
-        view.sum()
-        _sync(device)
-        elapsed = _clock() - start
-        if elapsed > 0:
-            best = max(best, reps * n * 4 / elapsed)
+    for threads in (None, 1) if device.type == "cpu" else (None,):
+        previous = torch.get_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
+        try:
+            for _ in range(repeats + 1):  # the first warms the buffer and the kernel
+                _sync(device)
+                start = _clock()
+                view.sum()
+                _sync(device)
+                elapsed = _clock() - start
+                if elapsed > 0:
+                    best = max(best, reps * n * 4 / elapsed)
+        finally:
+            torch.set_num_threads(previous)
     return best
 
 
-def probe_flops(device: torch.device, repeats: int = 3) -> float:
+def probe_flops(device: torch.device, repeats: int = 6) -> float:
     """Best matmul rate (flop/s) over float32, bfloat16 (and float16 on CUDA)."""
     size = 4096 if device.type == "cuda" else 384
     dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if device.type == "cuda" else ())
@@ -123,7 +139,7 @@ def bandwidth_ceiling(device: torch.device, nbytes: int, fresh: bool = False) ->
         return stated * 1e9
     size = _size_class(nbytes)
     key = (str(device), size)
-    if fresh or key not in _bandwidth:
+    for _ in range(FRESH_ROUNDS if fresh else 0 if key in _bandwidth else 1):
         _bandwidth[key] = max(_bandwidth.get(key, 0.0), probe_bandwidth(device, size))
     # a smaller working set is never slower: any rate measured at or below this size bounds it too
     best = max(v for (d, s), v in _bandwidth.items() if d == str(device) and s <= size)
@@ -136,7 +152,7 @@ def flops_ceiling(device: torch.device, fresh: bool = False) -> float:
     if stated is not None:
         return stated * 1e12
     key = str(device)
-    if fresh or key not in _flops:
+    for _ in range(FRESH_ROUNDS if fresh else 0 if key in _flops else 1):
         _flops[key] = max(_flops.get(key, 0.0), probe_flops(device))
     return _flops[key] * FLOPS_SAFETY
 
