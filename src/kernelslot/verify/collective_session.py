@@ -36,7 +36,7 @@ import torch
 
 from kernelslot.verify import sandbox
 from kernelslot.verify.collective_wire import WireError, recv_frame, send_frame
-from kernelslot.verify.netns import GroupNetwork
+from kernelslot.verify.netns import GroupNetwork, NetworkUnavailable
 from kernelslot.verify.sandbox import neutral_env
 
 __all__ = ["CollectiveSession", "SessionError", "stuck_where", "STARTUP_S"]
@@ -75,6 +75,13 @@ def stuck_where(frame_stack: str | None) -> str:
     return "; ".join(parts) or "stack: " + (frames[-1] if frames else "unknown")
 
 
+def _group_network() -> GroupNetwork:
+    try:
+        return GroupNetwork()
+    except NetworkUnavailable as exc:
+        raise SessionError(f"cannot make the process group's private network namespace: {exc}") from None
+
+
 class CollectiveSession:
     """One spare rank (global rank 0) plus ``group_size`` candidate ranks (global 1..W). Always :meth:`close` it."""
 
@@ -92,7 +99,7 @@ class CollectiveSession:
         self.network: GroupNetwork | None = None
         try:
             if self.sandbox.group_netns:  # else (none mode, or no user namespaces) the host's network
-                self.network = GroupNetwork()
+                self.network = _group_network()
             self._spawn()
         except BaseException:
             self.close()
