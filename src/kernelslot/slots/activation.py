@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
+from kernelslot.abi import AllClose, PermuteTokens, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import activation as builtin
 from kernelslot.slots.base import Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 
@@ -83,6 +83,7 @@ SLOTS = (
         incumbent=INCUMBENT,
         builtins=(Candidate(INCUMBENT, graph_safe=True),),
         describe=_describe,
+        relations=(PermuteTokens(("x",), ("out",)),),
         sizes=(("hidden_size", "d"), ("num_tokens", "lead", lambda dims, n: {**dims, "lead": (n,)})),
         traffic=_traffic,
         near_misses=NEAR_MISSES,

@@ -231,6 +231,10 @@ class SlotDef:
     traffic: Callable[[Case], Traffic] = output_traffic
     # Named near-misses the comparator must reject (verify/oracle.py), with the slot's semantics.
     near_misses: tuple[NearMiss, ...] = ()
+    # Metamorphic relations its semantics guarantee (abi/relations.py), checked on a sample of calls
+    relations: tuple[Any, ...] = ()
+    # What prepared state may persist across calls, where the slot has prepare() (docs/slots; slots/contract.py)
+    prepared_state: str = ""
 
     def builtin_candidates(self) -> tuple["Candidate", ...]:
         return self.builtins or (Candidate(self.incumbent),)

@@ -21,12 +21,23 @@ from typing import Any
 
 import torch
 
-from kernelslot.abi import Role
+from kernelslot.abi import Role, SlotKind
 from kernelslot.abi.capability import DESCRIPTOR_FIELDS
 from kernelslot.slots.base import Profile, SlotDef, comparator_text, dtype_name
 from kernelslot.slots.models import MODELS
 
 _REFEREE_SET = {"arch": ["cpu", "sm_XY (CUDA: the device's compute capability)"]}
+
+PREPARED_STATE = (
+    "prepare() may derive anything from the values of the weights it is given (repacked, transposed or quantised "
+    "copies, lookup tables) and keep it in the object it returns; `entry` reads that object and its own arguments. "
+    "The referee reloads the weights in place (the same storages, shapes and data pointers, new values, as an engine "
+    "does on a weight update) and calls prepare() again: the object it then returns must reflect the new values. "
+    "So nothing may be keyed on a weight's address, shape or object identity (a layout cache, a registry of "
+    "prepared layers), and nothing derived from one call's inputs may persist to another call.")
+NO_PREPARED_STATE = (
+    "No prepare(): nothing derived from one call's inputs may persist to another call (the referee refills the "
+    "same storages with new values, so a result cached by address, shape or fingerprint is stale).")
 
 
 def _case(defn: SlotDef, profile: Profile):
@@ -238,6 +249,15 @@ def _comparator_text(c: Any) -> str:
     return comparator_text(c) if c is not None else "the slot's comparator"
 
 
+def _prepared_state(defn: SlotDef) -> str:
+    if not defn.slot.needs_prepare:
+        return NO_PREPARED_STATE
+    text = PREPARED_STATE + (" " + defn.prepared_state if defn.prepared_state else "")
+    if defn.slot.kind is SlotKind.COLLECTIVE:
+        text += " (The collective referee does not reload the weights yet; the contract is the same.)"
+    return text
+
+
 _CACHE: dict[str, tuple[SlotDef, dict[str, Any]]] = {}
 
 
@@ -266,6 +286,8 @@ def _build_contract(defn: SlotDef) -> dict[str, Any]:
         "notes": defn.notes,
         "arguments": _arguments(defn, cases),
         "prepare": _prepare_forms(defn, cases),
+        "prepared_state": _prepared_state(defn),
+        "relations": [r.describe() for r in defn.relations],
         "comparator": defn.describe_comparator(),
         "profile_comparators": sorted({_comparator_text(p.comparator) for p in defn.profiles if p.comparator}),
         "incumbent": defn.incumbent.name,
@@ -321,7 +343,10 @@ def render_contract(c: dict[str, Any], heading: str = "#", semantics_shown_for: 
                      a.get("layout", ""), "; ".join(notes)])
     lines += _table(["#", "name", "role", "shape", "dtype", "layout", "notes"], rows) + [""]
     lines += ["Inputs must stay bit-exactly unchanged; every output cell must be written; `entry` returns None "
-              "and never rebinds, aliases or keeps a reference to an argument.", ""]
+              "and never rebinds, aliases or keeps a reference to an argument. The same inputs must give bitwise the "
+              "same outputs, whatever the freed memory holds, and process-wide numeric state (flush-to-zero, thread "
+              "counts, default dtype, matmul precision, grad mode) must be left as found (the single-device referee "
+              "repeats a call on poisoned scratch and compares that state around every call).", ""]
     for form in c["prepare"]:
         lines += [f"{h2} `{form['form']}`", "", f"Used by profiles: {', '.join(form['profiles'])}.", ""]
         rows = [[f"`{f['path']}`", " or ".join(f["holds"])] for f in form["fields"]]
@@ -329,6 +354,10 @@ def render_contract(c: dict[str, Any], heading: str = "#", semantics_shown_for: 
         for cls, doc in form["conventions"].items():
             quoted = "\n".join(("> " + ln).rstrip() for ln in doc.splitlines())
             lines += [f"Conventions of `{cls}`:", "", quoted, ""]
+    lines += [f"{h2} Prepared state (what may persist across calls)", "", c["prepared_state"], ""]
+    lines += [f"{h2} Metamorphic relations", ""]
+    lines += ([f"- {r}" for r in c["relations"]] + ["", "Each is checked once per profile run, on the inputs of a call the "
+               "candidate just made, within the comparator below."] if c["relations"] else ["None declared."]) + [""]
     lines += [f"{h2} Semantics", "", f"As for `{semantics_shown_for}` above (one module defines both)."
               if semantics_shown_for else c["semantics"], ""]
     if c["notes"]:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from kernelslot.abi import AllOf, Arg, CallDescriptor, CapabilityDomain, Cosine, MatchedRatio, OutputSpec, Role, Slot, SlotKind
+from kernelslot.abi import (AllOf, Arg, CallDescriptor, CapabilityDomain, Cosine, MatchedRatio, OutputSpec, PermuteTokens, Role,
+                           ScaleLinear, Slot, SlotKind)
 from kernelslot.formats import dequantize_moe_layer_nvfp4, quantize_moe_layer_nvfp4
 from kernelslot.kernels import moe as builtin
 from kernelslot.kernels.moe_block.spec import ExpertActivation
@@ -215,6 +216,7 @@ SLOTS = (
         traffic=_traffic,
         near_misses=NEAR_MISSES,
         sizes=_SIZES,
+        relations=(PermuteTokens(("x", "topk_ids", "topk_weights"), ("out",)), ScaleLinear("topk_weights", ("out",))),
         builtins=(
             Candidate(SILU_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["generic", "qwen3-moe"]}})),
             Candidate(SWIGLUOAI_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["MiniMax-M3", "gpt-oss"]}})),

@@ -486,6 +486,8 @@ SLOTS: tuple[SlotDef, ...] = (
         profiles=_PROFILES,
         incumbent=Kernel(entry=moe_block_tkg, prepare=prepare_moe_block, name="kernelslot.moe_block_tkg"),
         describe=_describe,
+        prepared_state=("The layer view handed to prepare() is the same object every time, and so are its `experts` and "
+                        "`shared` sub-objects: their identity (`id()`) must key nothing either."),
         sizes=_SIZES,
         traffic=_traffic,
         near_misses=NEAR_MISSES,

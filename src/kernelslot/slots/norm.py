@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelslot.abi import AllClose, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
+from kernelslot.abi import AllClose, PermuteTokens, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import norm as builtin
 from kernelslot.slots.base import Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
 from kernelslot.slots.models import model_profile
@@ -109,6 +109,7 @@ SLOTS = (
         incumbent=INCUMBENT,
         builtins=(Candidate(INCUMBENT, graph_safe=True),),
         describe=_describe,
+        relations=(PermuteTokens(("x",), ("out",)),),
         sizes=(("num_tokens", "rows"), ("hidden_size", "hidden")),
         traffic=_traffic,
         near_misses=NEAR_MISSES,

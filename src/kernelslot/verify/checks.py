@@ -56,6 +56,8 @@ def check_call(
     label: str = "",
 ) -> bool:
     """Make the ABI checks of one call. Returns True when the outputs may be compared."""
+    if obs.state_changed:
+        result.record("global_state_changed", FAIL, label + "; ".join(obs.state_changed))
     if obs.error:
         result.record("raised", FAIL, label + traceback_summary(obs.error))
         return False

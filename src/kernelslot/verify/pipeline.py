@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import random
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -21,7 +22,7 @@ from kernelslot.abi.capability import CallDescriptor
 from kernelslot.slots.base import Candidate, Case, Profile, SlotDef, dtype_name
 from kernelslot.abi.comparators import resolve_expected
 from kernelslot.verify.envelope import boundary_profiles, verified_envelope
-from kernelslot.verify.checks import check_call, check_inputs, snapshot
+from kernelslot.verify.checks import bits_equal, check_call, check_inputs, snapshot
 from kernelslot.verify.plan import TIMED_DRAW, CallPlan, PlannedCall, Planner, TimingPlan, needs_fresh, refill_inputs, refilled  # noqa: F401 - refilled: re-exported
 from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, SlotReport, traceback_summary
 from kernelslot.verify.runner import CallObservation, InProcessRunner, Runner, RunnerError, TensorMeta
@@ -193,7 +194,7 @@ class _ProfileRun:
             try:
                 self.prepared = self.runner.prepare(self.cand.kernel, case.prepare_args)
             except RunnerError as exc:
-                self.result.record("prepare", FAIL, traceback_summary(str(exc)))
+                self.result.record(exc.check, FAIL, traceback_summary(str(exc)))
                 return False
             if not check_inputs(self.result, tensors_in(case.prepare_args), self.prep_snap, "prepare(): "):
                 return False
@@ -201,15 +202,24 @@ class _ProfileRun:
         self.outputs = {n: allocate_output(spec, self.device) for n, spec in case.outputs.items() if spec is not None}
         self.runner.share([a.base for a in self.outputs.values()])
         self.args = self._args(case, self.outputs, self.prepared)
-        self.ref_case = self.cpu_case  # the CPU image of what the live inputs hold now
+        self.ref_case = self.cpu_case  # the CPU image of what the live inputs (and the weights) hold now
+        self._last: dict = {}  # the outputs the last successful call wrote (repeat and relation steps)
         return True
 
     def _planned_call(self, call: PlannedCall) -> bool:
-        if call.refill != "first":
+        judge = None
+        if call.refill == "reprepare":
+            if not self._reprepare(call):
+                return False
+        elif call.refill == "repeat":
+            judge = self._same_bits(self._last_outputs())
+        elif call.refill == "relation":
+            judge = self._relation(call)
+        elif call.refill != "first":
             self.ref_case = refill_live(self.defn, self.profile, self.seed, call.draw, self.case, self.ref_case,
                                         call.refill, call.pick)
         if not call.plain:
-            return self._one_call(call, self.outputs, self.args) is not None
+            return self._one_call(call, self.outputs, self.args, judge=judge) is not None
         # The way an engine calls: plain contiguous outputs at offset 0, each cell a different random
         # value (no NaN, sentinel or padding to recognise), private tensors. Unwritten cells cannot be
         # told from results bit-exactly here, so this call is judged by the comparison alone.
@@ -222,11 +232,81 @@ class _ProfileRun:
                       for a, v in zip(self.defn.slot.args, self.args)]
         return self._one_call(call, plain, plain_args) is not None
 
+    def _reprepare(self, call: PlannedCall) -> bool:
+        """Reload the weights in place (fresh values of draw ``call.draw`` into the same storages), redraw
+        the live inputs from the same draw, and ``prepare`` again; the next call uses the new result."""
+        fresh = make_case(self.defn, self.profile, self.seed, call.draw)
+        weights, new = tensors_in(self.case.prepare_args), tensors_in(fresh.prepare_args)
+        if list(weights) != list(new) or any((t.shape, t.dtype) != (new[k].shape, new[k].dtype) for k, t in weights.items()):
+            raise ValueError(f"{self.defn.name}/{self.profile.label}: make_case draws prepare arguments of other shapes "
+                             "for another call id (a catalog defect: shapes must depend on the profile only)")
+        for name, t in weights.items():
+            t.copy_(new[name])
+        live = self.case.live_names()
+        for name in live:
+            self.case.inputs[name].copy_(fresh.inputs[name])
+        self.ref_case = dataclasses.replace(self.ref_case, inputs={**self.ref_case.inputs, **{n: fresh.inputs[n] for n in live}},
+                                            prepare_args=fresh.prepare_args)
+        self.prep_snap = snapshot(weights)
+        try:
+            self.prepared = self.runner.prepare(self.cand.kernel, self.case.prepare_args)
+        except RunnerError as exc:
+            self.result.record("reprepare" if exc.check == "prepare" else exc.check, FAIL, call.label + traceback_summary(str(exc)))
+            return False
+        if not check_inputs(self.result, weights, self.prep_snap, "re-prepare(): "):
+            return False
+        self.args = self._args(self.case, self.outputs, self.prepared)
+        return True
+
+    def _last_outputs(self) -> dict[str, torch.Tensor]:
+        """CPU copies of what the previous call wrote."""
+        return {n: a.view.detach().cpu().clone() for n, a in self._last.items()}
+
+    def _same_bits(self, before: dict[str, torch.Tensor]) -> Callable[[dict, str], bool]:
+        """The ``determinism`` verdict of a repeated call: every output bitwise equal to the previous call's."""
+        def judge(outputs: dict, label: str) -> bool:
+            self.performed.add("determinism")
+            ok = True
+            for name, alloc in outputs.items():
+                now = alloc.view.detach().cpu()
+                if not bits_equal(now, before[name]):
+                    differ = (now.contiguous().view(torch.uint8) != before[name].contiguous().view(torch.uint8)).sum().item()
+                    self.result.record("determinism", FAIL, f"{label}{name}: {differ} byte(s) differ from the previous call on the "
+                                       "same inputs; the freed memory of the allocators was filled with poison (NaN) before "
+                                       "this call: does the kernel read scratch it never wrote?")
+                    ok = False
+            return ok
+        return judge
+
+    def _relation(self, call: PlannedCall) -> Callable[[dict, str], bool]:
+        """Transform the previous call's inputs in place by the slot's relation ``call.relation``; the
+        ``metamorphic`` verdict: the new outputs equal the previous ones transformed, within the comparator."""
+        relation = self.defn.relations[call.relation]
+        before = self._last_outputs()
+        current = {n: v for n, v in self.ref_case.inputs.items() if isinstance(v, torch.Tensor)}
+        changed, outputs_map, drawn = relation.transform(current, random.Random(call.pick))
+        for name, value in changed.items():
+            self.case.inputs[name].copy_(value)
+        self.ref_case = dataclasses.replace(self.ref_case, inputs={**self.ref_case.inputs, **changed})
+        want = outputs_map(before)
+
+        def judge(outputs: dict, label: str) -> bool:
+            self.performed.add("metamorphic")
+            ok = True
+            for name, expected in want.items():
+                verdict = self.defn.comparator_for(name, self.profile).compare(outputs[name].view.detach().cpu(), expected.float())
+                if not verdict.passed:
+                    self.result.record("metamorphic", FAIL, f"{label}{name} against the previous call's {name} transformed "
+                                       f"({relation.describe()}; {drawn}): {verdict.describe()}")
+                    ok = False
+            return ok
+        return judge
+
     def _after_calls(self) -> None:
         if self.device.type == "cuda" and self.opts.graph and self.cand.graph_safe and self.runner.in_process:
             from kernelslot.verify.graph import graph_replay  # captures in this process: in-process runner only
 
-            graph_replay(self, self.case, self.cpu_case, self.outputs, self.args, self.prepared)
+            graph_replay(self, self.case, self.ref_case, self.outputs, self.args, self.prepared)
         if self.plan.timing is not None and not self.result.failures():
             self._time(self.plan.timing)
 
@@ -316,8 +396,10 @@ class _ProfileRun:
             self.result.record("audit", FAIL, label + "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""))
         return not problems
 
-    def _one_call(self, call: PlannedCall, outputs: dict, args: list, label: str | None = None) -> CallObservation | None:
-        """Make ``call`` on the inputs the case holds now and check it; its observation, or None on a failure."""
+    def _one_call(self, call: PlannedCall, outputs: dict, args: list, label: str | None = None,
+                  judge: Callable[[dict, str], bool] | None = None) -> CallObservation | None:
+        """Make ``call`` on the inputs the case holds now and check it; its observation, or None on a failure.
+        ``judge(outputs, label)``: the verdict of a state step (determinism, metamorphic), made before the comparison."""
         label = call.label if label is None else label
         case, arg_names = self.case, [a.name for a in self.defn.slot.args]
         in_snap = snapshot(case.inputs)
@@ -326,22 +408,30 @@ class _ProfileRun:
             for alloc in outputs.values():
                 alloc.poison(finite=call.poison == "sentinel")
         out_meta = {n: TensorMeta.of(a.view) for n, a in outputs.items()}
-        obs = self.runner.call(self.cand.kernel, args, **({"private": True} if call.private else {}))
+        obs = self.runner.call(self.cand.kernel, args, **({"private": True} if call.private else {}),
+                               **({"scratch": True} if call.scratch else {}))
         self.performed.add("input_mutated")
         inputs_ok = check_inputs(self.result, case.inputs, in_snap, label)
         inputs_ok &= check_inputs(self.result, tensors_in(case.prepare_args), self.prep_snap, label + "weights: ")
         expected = self.expected(self.ref_case)  # only after the call: nothing to find while it runs
-        self.performed.update(_CALL_CHECKS if obs.error is None else ("raised",))  # a call that never ran checks nothing
+        # a call that never ran checks nothing; both runners compare the numeric state around every call
+        self.performed.update(_CALL_CHECKS + ("global_state_changed",) if obs.error is None else ("raised",))
+        # a state step's verdict first: NaN from poisoned scratch in an output is its finding, not only poison_left
+        judged = judge(outputs, label) if judge is not None and obs.error is None else True
         usable = check_call(self.result, obs, arg_names, list(outputs), outputs, out_meta, input_meta, label)
         if not usable:
             return None
-        check = "replay" if call.draw else "compare"  # the plain and timed calls are replays too
+        # the plain and timed calls are replays too; a re-prepared call's comparison is its own check
+        check = "reprepare" if call.refill == "reprepare" else "replay" if call.draw else "compare"
         self.performed.add(check)
         compared = self.compare(outputs, expected, label, check)
         if self.defn.audit is not None:
             self.performed.add("audit")
         audited = self.audit(self.ref_case, outputs, label)
-        return obs if inputs_ok and compared and audited and not self.result.failures() else None
+        if not (inputs_ok and judged and compared and audited and not self.result.failures()):
+            return None
+        self._last = outputs
+        return obs
 
     def _finish(self) -> None:
         """Every check not failed is recorded as passed if it was made, else skipped with why."""
@@ -357,11 +447,21 @@ class _ProfileRun:
                        else f"not run under the {self.runner.name} runner (capture would run candidate code in the referee)"
                        if not self.runner.in_process else why_not)
                 self.result.record(name, SKIP, why)
-            elif ((name == "prepare" and not self.defn.slot.needs_prepare) or (name == "audit" and self.defn.audit is None)
-                  or (name == "time_impossible" and self.plan.timing is None)):
+            elif not_applicable(self.defn, name) or (name == "time_impossible" and self.plan.timing is None):
                 continue
             else:
                 self.result.record(name, SKIP, why_not)
+
+
+def not_applicable(defn: SlotDef, check: str) -> bool:
+    """Checks a slot never has: ``prepare``/``reprepare`` without prepare(), ``audit`` without one, ``metamorphic`` without relations."""
+    return ((check in ("prepare", "reprepare") and not defn.slot.needs_prepare) or (check == "audit" and defn.audit is None)
+            or (check == "metamorphic" and not defn.relations))
+
+
+def plan_for(defn: SlotDef, planner: Planner) -> CallPlan:
+    """A call plan for one profile run of ``defn``, with the state steps the slot takes (verify/plan.py)."""
+    return planner.plan(reprepare=defn.slot.needs_prepare, repeat=True, relations=len(defn.relations))
 
 
 def verify_slot(
@@ -477,11 +577,11 @@ def _routed(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: int, 
             planner: Planner) -> "_ProfileRun | ProfileResult":
     """The profile run of the variant whose domain covers ``profile`` (else a skipped result)."""
     if len(cands) == 1:
-        return _ProfileRun(defn, cands[0], profile, seed, runner, opts, planner.plan())
+        return _ProfileRun(defn, cands[0], profile, seed, runner, opts, plan_for(defn, planner))
     desc = describe(defn, make_case(defn, profile, seed, 0), profile, opts.device)
     for cand in cands:
         if cand.domain.matches(desc):
-            return _ProfileRun(defn, cand, profile, seed, runner, opts, planner.plan())
+            return _ProfileRun(defn, cand, profile, seed, runner, opts, plan_for(defn, planner))
     res = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, "-")
     res.skipped_reason = "outside every variant's domain (the incumbent runs)"
     return res

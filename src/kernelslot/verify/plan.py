@@ -33,10 +33,26 @@ and timed call is refilled, poisoned and checked outside the timed window like a
 Profiles and replays are interleaved: :meth:`Planner.pick` chooses which live profile run makes
 its next call, uniformly at random, so the calls of one signature are spread among others.
 
-Adding a step kind (issue 18: re-prepare with fresh weights written into the same storages; repeat
-a call after the worker's scratch memory was poisoned) means a new ``refill`` kind or a new field
-with a default on :class:`PlannedCall`, consumed by the pipeline's one call loop; the sequence and
-its consumers keep their shape.
+State steps (issue 18; :meth:`Planner.plan` adds them only when asked, so the collective referee,
+which does not consume them yet, gets none), each at a random position among the replays:
+
+- ``reprepare`` (slots with ``prepare``): the weights of a fresh draw are written *into the same
+  storages* (a weight reload in place: same data pointers and shapes, new values), the live inputs
+  are redrawn from the same draw, ``prepare`` runs again and the call uses its new result, so a
+  prepared layout cached on weight addresses or shapes serves stale weights (check ``reprepare``);
+- ``repeat``: the previous call again, on the same inputs, right after the runner filled the freed
+  memory of its allocators with poison (``scratch=True``); the outputs must be bitwise equal to the
+  previous call's (check ``determinism``): a kernel that reads uninitialised scratch fails. Extra
+  replays poison the scratch too, each with probability 1/2, so recognising the repeat (its inputs
+  did not change) does not make reading unwritten scratch safe;
+- ``relation`` (one per metamorphic relation the slot declares, ``relation`` its index): the
+  previous call's inputs transformed by the relation (tokens permuted, routing weights scaled), in
+  place; the outputs must be the previous outputs transformed the same way, within the slot's
+  comparator (check ``metamorphic``).
+
+Adding a step kind means a new ``refill`` kind or a new field with a default on
+:class:`PlannedCall`, consumed by the pipeline's one call loop; the sequence and its consumers keep
+their shape.
 
 Collective use: draw one plan per profile × seed with :meth:`Planner.plan` and send every rank the
 same steps; refill each rank's share with :func:`refill_inputs` using the step's ``pick``, so every
@@ -55,6 +71,9 @@ SPARSE = ("row", "cells")
 REFILLS = ("full", "tail", "head", "row", "cells")
 POISONS = ("nan", "sentinel")  # padded outputs; plain outputs get "random"
 PLAIN_DRAW = 500  # fresh-values draw id of the plain call (kept clear of replay draw ids)
+STEP_DRAW = 600  # draw ids of the state steps (reprepare, repeat, relation) start here
+STATE_STEPS = ("reprepare", "repeat", "relation")
+SCRATCH_P = 0.5  # the probability that an extra replay also runs on poisoned scratch (where a repeat is planned)
 TIMED_DRAW = 10_000  # draw ids of warm-up and timed calls start here
 
 
@@ -72,11 +91,19 @@ class PlannedCall:
     plain: bool = False
     private: bool = False
     pick: int = 0
+    scratch: bool = False  # the runner poisons its allocators' freed memory right before the call
+    relation: int = 0  # a "relation" step: which of the slot's metamorphic relations
 
     @property
     def label(self) -> str:
         if self.plain:
             return "plain-output call: "
+        if self.refill == "reprepare":
+            return "re-prepared call (weights reloaded in place): "
+        if self.refill == "repeat":
+            return "repeated call on poisoned scratch: "
+        if self.refill == "relation":
+            return f"metamorphic call (relation {self.relation}): "
         return f"replay {self.draw} ({self.refill} refill): " if self.draw else ""
 
 
@@ -96,7 +123,8 @@ class CallPlan:
     timing: TimingPlan | None = None
 
     def describe(self) -> str:
-        kinds = ", ".join(("plain" if c.plain else c.refill) + ("*" if c.private else "") for c in self.calls)
+        kinds = ", ".join(("plain" if c.plain else c.refill) + ("*" if c.private else "") + ("~" if c.scratch else "")
+                          for c in self.calls)
         timed = f"; timed {self.timing.warmup}+{self.timing.reps}" if self.timing else ""
         return f"{len(self.calls)} calls ({kinds}){timed}"
 
@@ -119,17 +147,26 @@ class Planner:
         self.replays, self.extra_mean, self.time_reps = replays, extra_mean, time_reps
         self.rng: random.Random = random.Random(plan_seed) if plan_seed is not None else random.SystemRandom()
 
-    def plan(self) -> CallPlan:
+    def plan(self, reprepare: bool = False, repeat: bool = False, relations: int = 0) -> CallPlan:
+        """One plan; the state steps (module docstring) only where asked: ``reprepare`` for slots with
+        ``prepare``, ``repeat``, and one ``relation`` step per metamorphic relation of the slot."""
         rng = self.rng
         kinds = [BASE_REFILLS[i % len(BASE_REFILLS)] for i in range(self.replays)]
         kinds = [rng.choice(SPARSE) if k == "sparse" else k for k in kinds]
+        scratch = repeat  # where the repeat exists, the runner can poison scratch: other replays get it at random too
         replays = [PlannedCall(i + 1, kind, "sentinel" if i == 0 else "nan", pick=rng.getrandbits(63))
                    for i, kind in enumerate(kinds)]
         for i in range(geometric(rng, self.extra_mean)):
             replays.append(PlannedCall(len(replays) + 1, rng.choice(REFILLS), rng.choice(POISONS),
-                                       private=rng.random() < 0.5, pick=rng.getrandbits(63)))
+                                       private=rng.random() < 0.5, pick=rng.getrandbits(63),
+                                       scratch=scratch and rng.random() < SCRATCH_P))
         plain = PlannedCall(PLAIN_DRAW, "full", "random", plain=True, private=True, pick=rng.getrandbits(63))
         replays.insert(rng.randint(1, len(replays)), plain)  # never before the first replay (it must see poison)
+        steps = (["reprepare"] if reprepare else []) + (["repeat"] if repeat else []) + ["relation"] * relations
+        for i, kind in enumerate(steps):
+            step = PlannedCall(STEP_DRAW + i, kind, rng.choice(POISONS), pick=rng.getrandbits(63), scratch=kind == "repeat",
+                               relation=steps[:i].count("relation"))
+            replays.insert(rng.randint(0, len(replays)), step)
         timing = None
         if self.time_reps is not None:
             warmup, reps = rng.randint(1, 4), self.time_reps + rng.randint(0, max(1, self.time_reps // 2))

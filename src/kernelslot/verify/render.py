@@ -6,12 +6,13 @@ from kernelslot.verify.report import FAIL, PASS, SKIP, ProfileResult, SlotReport
 # Table columns: a heading and the checks it summarises (a column fails if any of its checks fails).
 COLUMNS = (
     ("prep", ("prepare",)),
-    ("abi", ("raised", "returned_value", "output_storage_swapped", "output_aliases_input", "retained_tensor")),
+    ("abi", ("raised", "returned_value", "output_storage_swapped", "output_aliases_input", "retained_tensor",
+             "global_state_changed")),
     ("inputs", ("input_mutated",)),
     ("poison", ("poison_left",)),
     ("bounds", ("out_of_bounds_write",)),
     ("compare", ("compare", "audit")),
-    ("replay", ("replay",)),
+    ("replay", ("replay", "reprepare", "determinism", "metamorphic")),
     ("graph", ("graph_replay",)),
 )
 MARK = {PASS: "ok", FAIL: "FAIL", SKIP: "-"}

@@ -16,9 +16,13 @@ CHECKS = (
     "poison_left",  # an output cell still holds the poison
     "out_of_bounds_write",  # the canary around an output changed
     "retained_tensor",  # the candidate kept a reference to an argument's storage
+    "global_state_changed",  # candidate code left process-wide numeric state changed (FTZ, threads, precision flags, ...)
     "compare",  # the slot's comparator against the trusted reference
     "audit",  # the slot's hard validity audits
     "replay",  # fresh inputs at the same addresses, re-poisoned, compared again
+    "reprepare",  # weights reloaded in place (same storages, new values), prepare() again, the call compared
+    "determinism",  # the previous call repeated on poisoned scratch: outputs bitwise equal
+    "metamorphic",  # a relation the slot's semantics guarantee (tokens permuted, weights scaled) holds between two calls
     "graph_replay",  # the same under a captured CUDA graph (CUDA, graph_safe entries)
     "time_impossible",  # --time: a timed call faster than its physics floor (bench/roofline.py)
 )

@@ -9,6 +9,7 @@ checks do not care which runner ran the call.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 import traceback
@@ -19,6 +20,8 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kernelslot.slots.base import Kernel
+from kernelslot.verify import numeric_state
+from kernelslot.verify.scratch import poisoned_scratch
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class CallObservation:
     cause: str | None = None  # with ``error``: exception, timeout, crash, exit, out_of_memory, ... (see verify/worker.py)
     worker_s: float | None = None  # in-worker time of the entry alone (WorkerRunner only; advisory)
     receipts: list[str] = field(default_factory=list)  # direct artifacts: aot_loaded / aot_invoked / completed
+    state_changed: list[str] = field(default_factory=list)  # process-wide numeric state the call changed (verify/numeric_state.py)
 
 
 def judge_direct_evidence(kernel: Kernel, obs: CallObservation) -> None:
@@ -83,7 +87,21 @@ def judge_direct_evidence(kernel: Kernel, obs: CallObservation) -> None:
 
 
 class RunnerError(RuntimeError):
-    """The candidate could not be loaded or prepared (the message says why)."""
+    """The candidate could not be loaded or prepared (the message says why); ``check`` names the failure."""
+
+    check = "prepare"
+
+
+class GlobalStateChanged(RunnerError):
+    """Loading or preparing the candidate changed process-wide numeric state (it was put back)."""
+
+    check = "global_state_changed"
+
+
+def state_changed_text(changes: Sequence[str], unrestored: Sequence[str] = ()) -> str:
+    """The failure message of ``global_state_changed``."""
+    text = "candidate code changed process-wide numeric state and left it changed: " + "; ".join(changes)
+    return text + (f" (could not be put back: {', '.join(unrestored)})" if unrestored else " (put back)")
 
 
 class Runner(ABC):
@@ -112,11 +130,14 @@ class Runner(ABC):
         """Run ``kernel.prepare(*prepare_args)`` and return a handle to the prepared object."""
 
     @abstractmethod
-    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False) -> CallObservation:
+    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False,
+             scratch: bool = False) -> CallObservation:
         """Call ``kernel.entry(*args)``; the PREPARED position holds what :meth:`prepare` returned.
 
         ``private``: hand the candidate private, non-shared copies of the tensor arguments and copy
-        them back after the call (a no-op where nothing is shared, i.e. in-process).
+        them back after the call (a no-op where nothing is shared, i.e. in-process). ``scratch``:
+        fill the freed memory of the allocators where the call runs with poison right before it
+        (``verify/scratch.py``), so scratch the candidate reads without writing holds garbage.
         """
 
     def close(self) -> None:
@@ -151,34 +172,42 @@ class InProcessRunner(Runner):
         return self._resolved[key]
 
     def prepare(self, kernel: Kernel, prepare_args: Sequence[Any]) -> Any:
-        _, prepare = self._callables(kernel)
-        if prepare is None:
-            raise RunnerError(f"{kernel.name}: the slot needs prepare() but the kernel has none")
-        try:
-            return prepare(*prepare_args)
-        except Exception:
-            raise RunnerError("prepare() raised:\n" + traceback.format_exc(limit=6)) from None
+        with numeric_state.Guard() as guard:
+            _, prepare = self._callables(kernel)
+            if prepare is None:
+                raise RunnerError(f"{kernel.name}: the slot needs prepare() but the kernel has none")
+            try:
+                prepared = prepare(*prepare_args)
+            except Exception:
+                raise RunnerError("prepare() raised:\n" + traceback.format_exc(limit=6)) from None
+        if guard.changed:
+            raise GlobalStateChanged("prepare(): " + state_changed_text(guard.changed, guard.unrestored))
+        return prepared
 
-    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False) -> CallObservation:
+    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False,
+             scratch: bool = False) -> CallObservation:
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         before = {i: storage_use_count(t) for i, t in tensors} if check_retention else {}
         obs = CallObservation()
-        try:
-            entry, _ = self._callables(kernel)
-        except RunnerError as exc:
-            obs.error = str(exc)
-            return obs
-        start = time.perf_counter()
-        try:
-            result = entry(*args)
-            if result is not None:
-                obs.returned = _short_repr(result)
-            del result
-        except Exception:
-            obs.error, obs.cause = traceback.format_exc(limit=8), "exception"
-        if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
-            torch.cuda.synchronize()
-        obs.elapsed_s = time.perf_counter() - start
+        with numeric_state.Guard() as guard:
+            try:
+                entry, _ = self._callables(kernel)
+            except RunnerError as exc:
+                obs.error = str(exc)
+                return obs
+            start = time.perf_counter()
+            try:
+                with poisoned_scratch() if scratch else contextlib.nullcontext():
+                    result = entry(*args)
+                if result is not None:
+                    obs.returned = _short_repr(result)
+                del result
+            except Exception:
+                obs.error, obs.cause = traceback.format_exc(limit=8), "exception"
+            if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
+                torch.cuda.synchronize()
+            obs.elapsed_s = time.perf_counter() - start
+        obs.state_changed = [state_changed_text(guard.changed, guard.unrestored)] if guard.changed else []
         obs.receipts = list(getattr(entry, "take_receipts", list)())
         judge_direct_evidence(kernel, obs)
         obs.meta_after = [TensorMeta.of(a) if isinstance(a, torch.Tensor) else None for a in args]

@@ -48,7 +48,8 @@ from torch.multiprocessing.reductions import StorageWeakRef, reduce_tensor
 
 from kernelslot.slots.base import Kernel, KernelSource
 from kernelslot.verify.checks import bits_equal
-from kernelslot.verify.runner import CallObservation, InProcessRunner, Runner, RunnerError, TensorMeta, judge_direct_evidence
+from kernelslot.verify.runner import (CallObservation, GlobalStateChanged, InProcessRunner, Runner, RunnerError, TensorMeta,
+                                     judge_direct_evidence, state_changed_text)
 from kernelslot.verify.sandbox import Sandbox, current as current_sandbox
 from kernelslot.verify.worker_process import Contained, Limits, Watch, WorkerProcess, Zygote
 
@@ -174,12 +175,16 @@ class WorkerRunner(Runner):
             if reply.get("cause") == "out_of_memory":
                 self._discard()
             raise RunnerError(f"prepare() raised:\n{reply['error']}\n[{reply.get('cause', 'exception')}]")
+        if reply.get("global_state"):
+            changed = self._state_changed(reply)
+            raise GlobalStateChanged("prepare(): " + changed[0])
         proc.prepared.add(key)
         handle = PreparedHandle(key, proc.generation, kernel.name or source.entry)
         weakref.finalize(handle, self._dead_prepared.append, key)
         return handle
 
-    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False) -> CallObservation:
+    def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False,
+             scratch: bool = False) -> CallObservation:
         """Call ``entry`` in the worker. ``check_retention`` also enables the settle re-read."""
         obs = CallObservation()
         proc = None
@@ -187,7 +192,7 @@ class WorkerRunner(Runner):
             source = kernel.origin()
             proc = self._worker_for(source)
             reply, obs.elapsed_s = self._request(proc, "call", source, list(args), self.call_timeout_s, check=check_retention,
-                                                **({"private": True} if private else {}))
+                                                **({"private": True} if private else {}), **({"scratch": True} if scratch else {}))
             self._observe(reply, args, obs)
             judge_direct_evidence(kernel, obs)
         except Contained as c:
@@ -467,8 +472,17 @@ class WorkerRunner(Runner):
             obs.meta_after = [self._translate(m, a) for m, a in zip(meta, args)]
             obs.retained = [int(i) for i in reply.get("retained", []) if 0 <= int(i) < len(args)]
             obs.receipts = [str(r)[:80] for r in reply.get("receipts", [])[:64]]
+            obs.state_changed = self._state_changed(reply) if reply.get("global_state") else []
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise Contained("protocol", f"the worker sent a malformed observation ({exc!r})", obs.elapsed_s) from None
+
+    def _state_changed(self, reply: dict) -> list[str]:
+        """The worker's ``global_state`` report as one message; a worker whose state could not be put back is discarded."""
+        changed = [str(c)[:300] for c in reply["global_state"][:32]]
+        unrestored = [str(c)[:120] for c in (reply.get("global_state_unrestored") or [])[:32]]
+        if unrestored:
+            self._discard()
+        return [state_changed_text(changed, [u + " (the worker was replaced)" for u in unrestored])]
 
     def _translate(self, meta: Any, arg: Any) -> TensorMeta | None:
         """Map the worker's view of an argument to referee addresses (0-based when not shared)."""

@@ -37,6 +37,7 @@ def _call_entry(entry, args, _clock=time.perf_counter_ns):  # noqa: ANN001 - int
     return result, err, _clock() - start
 
 
+import contextlib  # noqa: E402
 import faulthandler  # noqa: E402 - the clock above is bound first on purpose
 import json  # noqa: E402
 import os  # noqa: E402
@@ -50,6 +51,9 @@ from multiprocessing.connection import Connection  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+
+from kernelslot.verify import numeric_state  # noqa: E402
+from kernelslot.verify.scratch import poisoned_scratch  # noqa: E402
 
 _MEMORY_MARKERS = ("MemoryError", "not enough memory", "can't allocate memory", "std::bad_alloc", "out of memory")
 
@@ -117,6 +121,8 @@ class _Worker:
         self.storages: dict[int, torch.UntypedStorage] = {}
         self.prepared: dict[int, Any] = {}
         self.kernels: dict[Any, tuple[Any, Any]] = {}  # KernelSource -> (entry, prepare)
+        self.state_changed: list[str] = []  # numeric state changed since the last prepare/call reply
+        self.state_unrestored: list[str] = []
 
     # -- bookkeeping -------------------------------------------------------------------------
     def register(self, entries: list) -> None:
@@ -164,6 +170,19 @@ class _Worker:
 
     # -- requests ----------------------------------------------------------------------------
     def handle(self, msg: dict) -> dict:
+        """One request, between a snapshot of the process-wide numeric state and a comparison: what
+        candidate code changed (import included) is put back and reported with the next prepare or
+        call reply (``global_state``; ``global_state_unrestored`` when something could not be put back)."""
+        with numeric_state.Guard() as guard:
+            reply = self._handle(msg)
+        self.state_changed += guard.changed
+        self.state_unrestored += guard.unrestored
+        if msg["op"] != "load" and self.state_changed:
+            reply.update(global_state=self.state_changed, global_state_unrestored=self.state_unrestored)
+            self.state_changed, self.state_unrestored = [], []
+        return reply
+
+    def _handle(self, msg: dict) -> dict:
         self.release(msg.get("release", []), msg.get("release_prepared", []))
         try:
             self.register(msg.get("register", []))
@@ -177,8 +196,8 @@ class _Worker:
         if msg["op"] == "prepare":
             return self.prepare(prepare, args, msg["handle"])
         if msg.get("private"):
-            return self.call_private(entry, args, msg["check"])
-        return self.call(entry, args, msg["check"])
+            return self.call_private(entry, args, msg["check"], bool(msg.get("scratch")))
+        return self.call(entry, args, msg["check"], bool(msg.get("scratch")))
 
     def prepare(self, prepare: Any, args: tuple, handle: int) -> dict:
         if prepare is None:
@@ -189,7 +208,7 @@ class _Worker:
         self.prepared[handle] = result
         return {"worker_ns": elapsed}
 
-    def call_private(self, entry: Any, args: list, check: bool) -> dict:
+    def call_private(self, entry: Any, args: list, check: bool, scratch: bool = False) -> dict:
         """:meth:`call` on private (non-shared) copies of every shared tensor argument, each with the
         same storage size, offset and strides; the bytes are copied back into the shared storages after."""
         pairs = []  # (shared storage, private storage)
@@ -200,16 +219,18 @@ class _Worker:
                 mine.copy_(a.untyped_storage())
                 pairs.append((a.untyped_storage(), mine))
                 private[i] = torch.empty(0, dtype=a.dtype, device=a.device).set_(mine, a.storage_offset(), a.shape, a.stride())
-        reply = self.call(entry, private, check)
+        reply = self.call(entry, private, check, scratch)
         for shared, mine in pairs:
             shared.copy_(mine)
         return reply
 
-    def call(self, entry: Any, args: list, check: bool) -> dict:
+    def call(self, entry: Any, args: list, check: bool, scratch: bool = False) -> dict:
+        """``entry(*args)``; ``scratch``: poison the allocators' freed memory right before (verify/scratch.py)."""
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         before = {i: _identity(t) for i, t in tensors}
         uses = {i: torch._C._storage_Use_Count(t.untyped_storage()._cdata) for i, t in tensors} if check else {}
-        result, err, elapsed = _call_entry(entry, args)
+        with poisoned_scratch() if scratch else contextlib.nullcontext():
+            result, err, elapsed = _call_entry(entry, args)
         reply: dict[str, Any] = {"worker_ns": elapsed, "returned": None if result is None else _short_repr(result)}
         if hasattr(entry, "take_receipts"):  # a sealed direct artifact's launcher (bundle/direct/launcher.py)
             reply["receipts"] = entry.take_receipts()

@@ -31,30 +31,34 @@ _BLOCKS: dict[int, Any] = {}  # id(MoeBlockParams) -> NativeBlock
 
 
 def attach_fast_paths(weights: ExpertWeights) -> None:
-    """Prepare-time: build and attach the native layout when the native path covers ``weights``."""
-    if id(weights) in _ATTACHED or weights.gate_up.device.type != "cpu":
+    """Prepare-time: build and attach the native layout when the native path covers ``weights``.
+    Built on every prepare, never reused: a prepare after the weights were reloaded in place (the
+    same object and storages, new values) must see the new values."""
+    if weights.gate_up.device.type != "cpu":
         return
     from kernelslot.kernels import native  # lazy: native imports moe_block.spec
 
     if not native.native_supports(weights, ExpertActivation(), 1):
         return
+    if id(weights) not in _ATTACHED:
+        weakref.finalize(weights, _ATTACHED.pop, id(weights), None)
     _ATTACHED[id(weights)] = native.prepare_native_experts(weights)
-    weakref.finalize(weights, _ATTACHED.pop, id(weights), None)
 
 
 def attach_native_block(params: Any) -> None:
     """Prepare-time (after :func:`attach_fast_paths` on its experts): remember the whole-block
     native view of ``params`` (:class:`MoeBlockParams`) when every part of it is covered."""
     experts = _ATTACHED.get(id(params.experts))
-    if experts is None or id(params) in _BLOCKS:
+    if experts is None:
         return
     from kernelslot.kernels.native.block import prepare_native_block
 
     shared = _ATTACHED.get(id(params.shared.weights)) if params.shared is not None else None
     block = prepare_native_block(params, experts, shared)
     if block is not None:
+        if id(params) not in _BLOCKS:
+            weakref.finalize(params, _BLOCKS.pop, id(params), None)
         _BLOCKS[id(params)] = block
-        weakref.finalize(params, _BLOCKS.pop, id(params), None)
 
 
 def native_block(params: Any, x: torch.Tensor, residual: Optional[torch.Tensor], eps: float, out: torch.Tensor,
