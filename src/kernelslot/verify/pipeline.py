@@ -28,6 +28,7 @@ from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, Sl
 from kernelslot.verify.runner import CallObservation, InProcessRunner, Runner, RunnerError, TensorMeta
 
 Progress = Callable[[ProfileResult], None]
+SINGLE_DEVICE_CHECKS = ("global_state_changed", "reprepare", "determinism", "metamorphic")  # not in the collective referee yet
 _CALL_CHECKS = ("raised", "returned_value", "input_mutated", "output_storage_swapped", "output_aliases_input",
                 "poison_left", "out_of_bounds_write", "retained_tensor")
 
