@@ -9,8 +9,8 @@ from kernelslot.abi import CapabilityDomain, OutputSpec, allocate_output
 from kernelslot.abi.tensor_spec import FINITE_POISON
 from kernelslot.slots import Candidate, Kernel, get_slot
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.pipeline import planner_for
-from kernelslot.verify.plan import Planner, refill_inputs
+from kernelslot.verify.pipeline import plan_for, planner_for
+from kernelslot.verify.plan import STEP_DRAW, Planner, refill_inputs
 
 F32 = VerifyOptions(dtypes=(torch.float32,))
 seen: list[dict] = []
@@ -40,16 +40,20 @@ def test_every_call_sees_poison_and_fresh_inputs_at_stable_addresses():
     seen.clear()
     defn = get_slot("activation.silu_and_mul")
     opts = VerifyOptions(dtypes=(torch.float32,), profiles=("decode_batch",), replays=3, extra_mean=0.0, plan_seed=1)
-    plan = planner_for(opts).plan()
+    plan = plan_for(defn, planner_for(opts))  # the plan verify_slot draws from the same seed
     report = verify_slot(defn, Candidate(Kernel(spy, name="spy")), opts)
     assert report.passed
     # first call + 3 replays (tail, head, row-or-cells refills) + one engine-like call with plain outputs
-    assert len(seen) == len(plan.calls) == 5
+    # + the state steps: a repeat on poisoned scratch and one metamorphic relation (tokens permuted)
+    assert len(seen) == len(plan.calls) == 7
+    assert sorted(c.refill for c in plan.calls if c.draw >= STEP_DRAW) == ["relation", "repeat"]
     plain = [c.plain for c in plan.calls].index(True)
-    assert plain > 1 and seen[plain]["contiguous"] and not seen[plain]["nan"]  # random fill, somewhere after replay 1
+    first_replay = [c.draw for c in plan.calls].index(1)
+    assert plain > first_replay and seen[plain]["contiguous"] and not seen[plain]["nan"]  # random fill, after replay 1
     padded = [s for i, s in enumerate(seen) if i != plain]
     assert all(s["nan"] for s in padded)  # poisoned before the eager call too
-    assert [s["finite"] for s in padded] == [False, True, False, False]  # the first replay: finite sentinel
+    assert [s["finite"] for s in padded] == [c.poison == "sentinel" for c in plan.calls if not c.plain]
+    assert plan.calls[first_replay].poison == "sentinel" and plan.calls[0].poison == "nan"  # the first replay: finite sentinel
     assert len({s["ptr"] for s in seen}) == 1  # same input storage across replays
     assert len({s["x0"] for s in seen}) >= 3  # fresh values (partial refills may keep the last cell)
 

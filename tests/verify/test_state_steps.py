@@ -100,7 +100,6 @@ def test_poisoned_scratch_is_what_allocations_get():
         assert torch.isnan(torch.empty(8 << 20)).all()  # fresh pages too, through torch
         assert (torch.empty(16, dtype=torch.int32) == torch.iinfo(torch.int32).max).all()
     assert (torch.utils.deterministic.fill_uninitialized_memory, torch.are_deterministic_algorithms_enabled()) == fill
-    assert torch.isnan(torch.empty(4096)).float().mean() > 0.5  # afterwards the freed heap still holds poison
 
 
 def test_declared_relations_name_live_inputs_and_outputs():

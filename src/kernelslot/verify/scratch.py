@@ -12,20 +12,17 @@ values. Around a call (:func:`poisoned_scratch`; the worker, or in-process) the 
 * the freed memory of the allocators is filled with bytes ``0xFF`` (NaN in every float dtype, -1
   in every integer dtype), for scratch that does not come from torch (``numpy.empty``, ``malloc``):
 
-* CPU (glibc): ``mallopt`` fixes the mmap threshold at 32 MiB (the largest dynamic value, so
-  allocations below it come from the heap, not from fresh zero pages) and the trim threshold far
-  above what is poisoned (so freed poison stays in the heap). Then, for every power of two from
-  4 MiB down to 64 B, blocks are taken with ``posix_memalign`` (as torch's CPU allocator does) and
-  filled while the allocator still serves them from freed memory below the heap's break, plus one
-  from the top: so the free chunks of every size (the buffer the previous call just freed
-  included) and the top of the heap hold poison; then all are freed. At most 64 MiB and 4096
-  blocks per call. Allocations of 32 MiB and more always come from fresh, zeroed pages of the
-  kernel: those cannot be poisoned (docs/referee.md, Known gaps).
+* CPU (glibc): ``mallopt`` fixes the mmap threshold at 4 MiB (allocations below it come from the
+  heap) and the trim threshold at 32 MiB (freed poison stays in the heap, and the process keeps at
+  most that much free memory). Then, for every power of two from 1 MiB down to 64 B, blocks are
+  taken with ``posix_memalign`` (as torch's CPU allocator does) and filled while the allocator
+  still serves them from freed memory below the heap's break (at most 32 per size up to 64 KiB,
+  4 above), plus one from the top; then all are freed. Larger scratch from outside torch comes
+  from fresh, zeroed pages and cannot be poisoned (docs/referee.md, Known gaps).
 * CUDA (when initialised in this process): blocks of every power of two up to 64 MiB are
   allocated on the current device, filled and freed, so they wait in the caching allocator's pools.
 
-The CPU part fills what is free in the heap (in a fresh worker about 8 MiB: a few milliseconds per
-poisoned call). Best effort by nature: an allocation is served from poisoned memory with high
+The CPU part fills at most about 10 MiB (a few milliseconds per poisoned call). Best effort by nature: an allocation is served from poisoned memory with high
 probability, not certainty.
 """
 from __future__ import annotations
@@ -39,9 +36,10 @@ import torch
 
 POISON_BYTE = 0xFF
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-_MMAP_THRESHOLD = 32 << 20
-_TRIM_THRESHOLD = 256 << 20
-_LARGEST, _MAX_BYTES, _MAX_BLOCKS = 4 << 20, 64 << 20, 4096
+_MMAP_THRESHOLD = 4 << 20
+_TRIM_THRESHOLD = 32 << 20
+_LARGEST, _SMALL = 1 << 20, 64 << 10
+_PER_SIZE = {True: 32, False: 4}  # blocks per size: small (<= _SMALL), large
 _libc: Any = None
 
 
@@ -69,15 +67,14 @@ def _poison_heap() -> None:
         return
     brk = libc.sbrk(0) or 0
     taken: list[ctypes.c_void_p] = []
-    total, size = 0, _LARGEST
-    while size >= 64 and total < _MAX_BYTES and len(taken) < _MAX_BLOCKS:
-        while total < _MAX_BYTES and len(taken) < _MAX_BLOCKS:
+    size = _LARGEST
+    while size >= 64:
+        for _ in range(_PER_SIZE[size <= _SMALL]):
             p = ctypes.c_void_p()
             if libc.posix_memalign(ctypes.byref(p), 64, size) != 0:
                 break
             libc.memset(p, POISON_BYTE, size)
             taken.append(p)
-            total += size
             if not brk or p.value + size > brk:  # from the top of the heap: no freed chunk of this size left
                 break
         size //= 2
