@@ -195,6 +195,8 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
         raise UsageError("--world-size must be at least 2 (collective slots run one process per rank)")
     if args.seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
+    if args.draws < 0:
+        raise UsageError(f"--draws must be >= 0 (0: no drawn profiles), got {args.draws}")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout}")
     if args.envelope_mib <= 0:
@@ -216,7 +218,7 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
                          world_sizes=tuple(args.world_size) if args.world_size else VerifyOptions.world_sizes,
                          collective_timeout_s=args.timeout, extra_mean=2.0 if untrusted else 0.25,
                          envelope=untrusted, envelope_max_bytes=args.envelope_mib << 20,
-                         envelope_fields=tuple(args.envelope_field) if args.envelope_field else None)
+                         envelope_fields=tuple(args.envelope_field) if args.envelope_field else None, draws=args.draws)
 
 
 def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Any]]], object | None]:
@@ -424,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--seeds", type=int, default=1, help="number of seeds per profile (default 1)")
     v.add_argument("--seed-base", type=int, default=None,
                    help="first seed (default: 0 for built-ins; drawn at random and printed for a bundle)")
+    v.add_argument("--draws", type=int, default=2,
+                   help="drawn profiles per slot and seed: extra shapes and structures inside the slot's domain, "
+                        "from Hypothesis, logged with their seed (default 2; 0: none)")
     v.add_argument("--random-seeds", action="store_true",
                    help="draw the first seed at random (inputs no candidate can anticipate); it is printed")
     v.add_argument("--replays", type=int, default=3,

@@ -24,7 +24,7 @@ def _load(name: str) -> Kernel:
 def test_honest_block_passes_every_profile() -> None:
     report = verify_slot(BLOCK, Candidate(BLOCK.incumbent))
     assert report.passed, [(r.profile, r.dtype, [c.detail for c in r.failures()]) for r in report.results if not r.passed]
-    assert len(report.results) == len(BLOCK.profiles)
+    assert len([r for r in report.results if not r.drawn]) == len(BLOCK.profiles)  # plus the drawn ones
 
 
 @pytest.mark.parametrize(

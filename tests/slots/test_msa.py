@@ -22,7 +22,7 @@ def test_builtin_passes_every_profile_and_dtype(slot_name: str) -> None:
     defn = get_slot(slot_name)
     report = verify_slot(defn, Candidate(defn.incumbent))
     assert report.passed, failures(report)
-    assert len(report.results) == len(defn.profiles)
+    assert len([r for r in report.results if not r.drawn]) == len(defn.profiles)  # plus the drawn ones
     assert {r.dtype for r in report.results} == {"float32", "bfloat16", "float16"}
 
 

@@ -5,7 +5,8 @@ import torch
 
 from kernelslot.abi import AllClose, PermuteTokens, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import activation as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic, nbytes,
+                                   output_traffic, randn)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -56,6 +57,11 @@ NEAR_MISSES = (
 )
 
 
+def _draw(base: Profile, pick: Pick) -> dict:
+    """Leading dimensions (one or two) and width around ``base`` (same dtype and value scale)."""
+    return {"lead": pick.integers(1, 40, 1, 2), "d": pick.integer(1, 512)}
+
+
 def _describe(case: Case) -> CallDescriptor:
     x = case.inputs["x"]
     return CallDescriptor(num_tokens=x[..., 0].numel(), hidden_size=x.shape[-1] // 2)
@@ -87,5 +93,6 @@ SLOTS = (
         sizes=(("hidden_size", "d"), ("num_tokens", "lead", lambda dims, n: {**dims, "lead": (n,)})),
         traffic=_traffic,
         near_misses=NEAR_MISSES,
+        draw=_draw,
     ),
 )

@@ -23,8 +23,8 @@ import torch
 
 from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import attention as builtin
-from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, cycled, multiple_of,
-                                   nbytes, output_traffic, randn)
+from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic, cycled,
+                                   multiple_of, nbytes, output_traffic, randn)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ADVERSARIAL = frozenset({"adversarial"})
@@ -123,6 +123,18 @@ SDPA_NEAR_MISSES = (
     NearMiss("sm_scale ignored (1/sqrt(D) used)", _default_scale),
     NearMiss("GQA heads interleaved (kv head h % Hkv instead of h // (Hq/Hkv))", _heads_interleaved),
 )
+
+
+def _sdpa_draw(base: Profile, pick: Pick) -> dict:
+    """Lengths, heads (GQA groups), head dim and causality around ``base`` (same dtype, model and
+    value scale; MiniMax-M3 keeps its head geometry). Causal draws keep S >= T."""
+    t = pick.integer(1, 32)
+    causal = pick.flag()
+    dims = {"T": t, "S": pick.integer(t, t + 48) if causal else pick.integer(1, 64), "causal": causal}
+    if base.model != "MiniMax-M3":
+        hkv = pick.integer(1, 4)
+        dims.update(Hkv=hkv, Hq=hkv * pick.integer(1, 4), D=pick.choice((8, 16, 24, 32, 48, 64)))
+    return dims
 
 
 def _sdpa_describe(case: Case) -> CallDescriptor:
@@ -279,6 +291,22 @@ DECODE_NEAR_MISSES = (
 )
 
 
+def _decode_draw(base: Profile, pick: Pick) -> dict:
+    """Ragged requests, page-table width, Kb, block ids with holes, repeats, blocks past seq_len,
+    empty requests and the local block, around ``base`` (same dtype, model and value scale;
+    MiniMax-M3 keeps its head geometry and block size)."""
+    minimax = base.model == "MiniMax-M3"
+    bs = base.dims["bs"] if minimax else pick.choice((4, 8, 12, 16))
+    seq_lens = pick.integers(1, 2048 if minimax else 160, 1, 4)
+    dims = {"bs": bs, "seq_lens": seq_lens, "kv_len": bs * (-(-max(seq_lens) // bs) + pick.integer(0, 2)),
+            "topk": pick.integer(1, 8), "holes": pick.flag(), "repeat": pick.flag(), "beyond": pick.flag(),
+            "empty": pick.subset(range(len(seq_lens))), "local": pick.flag()}
+    if not minimax:
+        hkv = pick.integer(1, 3)
+        dims.update(Hkv=hkv, Hq=hkv * pick.integer(1, 4), D=pick.choice((8, 16, 24, 32, 40)))
+    return dims
+
+
 def _decode_describe(case: Case) -> CallDescriptor:
     q, kc, ids = case.inputs["q"], case.inputs["k_cache"], case.inputs["topk_idx"]
     return CallDescriptor(
@@ -353,6 +381,7 @@ SLOTS = (
         describe=_sdpa_describe,
         traffic=_sdpa_traffic,
         sizes=_SDPA_SIZES,
+        draw=_sdpa_draw,
         builtins=(Candidate(SDPA_INCUMBENT, graph_safe=True),),
         near_misses=SDPA_NEAR_MISSES,
     ),
@@ -368,6 +397,7 @@ SLOTS = (
         describe=_decode_describe,
         traffic=_decode_traffic,
         sizes=_DECODE_SIZES,
+        draw=_decode_draw,
         builtins=(Candidate(DECODE_INCUMBENT, graph_safe=True),),
         near_misses=DECODE_NEAR_MISSES,
         notes="graph-safe incumbent: masks instead of data-dependent shapes; no host synchronisation",

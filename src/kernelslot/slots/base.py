@@ -11,14 +11,14 @@ from __future__ import annotations
 import importlib.util
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import torch
 
 from kernelslot.abi import CallDescriptor, CapabilityDomain, Comparator, OutputSpec, Slot
 
-__all__ = ["Profile", "Case", "Kernel", "KernelSource", "Override", "Needs", "Candidate", "NearMiss", "SlotDef", "OutputSpec",
-           "Traffic", "randn", "dtype_name", "nbytes", "output_traffic", "LOW_BIT", "multiple_of", "cycled"]
+__all__ = ["Profile", "Pick", "Case", "Kernel", "KernelSource", "Override", "Needs", "Candidate", "NearMiss", "SlotDef",
+           "OutputSpec", "Traffic", "randn", "dtype_name", "nbytes", "output_traffic", "LOW_BIT", "multiple_of", "cycled"]
 
 
 # Profile tag: 4-bit (E2M1) weights or activations on the profile's path; its own comparator admits that
@@ -37,10 +37,28 @@ class Profile:
     tags: frozenset[str] = frozenset()
     # overrides the slot's comparator (e.g. low-bit profiles): one for every output, or some outputs by name
     comparator: Comparator | Mapping[str, Comparator] | None = None
+    drawn: Mapping[str, Any] | None = None  # a drawn profile's record (slots/draw.py): seed, index, base, dims
 
     @property
     def label(self) -> str:
         return f"{self.name}[{dtype_name(self.dtype)}]"
+
+
+_T = TypeVar("_T")
+
+
+class Pick(Protocol):
+    """The choices a slot's ``draw`` function makes (slots/draw.py backs them with Hypothesis)."""
+
+    def integer(self, lo: int, hi: int) -> int: ...  # in [lo, hi]
+
+    def choice(self, options: Sequence[_T]) -> _T: ...
+
+    def flag(self) -> bool: ...
+
+    def integers(self, lo: int, hi: int, min_size: int, max_size: int) -> tuple[int, ...]: ...
+
+    def subset(self, options: Sequence[_T]) -> tuple[_T, ...]: ...  # in the order given
 
 
 @dataclass
@@ -235,6 +253,10 @@ class SlotDef:
     relations: tuple[Any, ...] = ()
     # What prepared state may persist across calls, where the slot has prepare() (docs/slots; slots/contract.py)
     prepared_state: str = ""
+
+
+    # draw(base, pick) -> dims overriding base.dims: one drawn profile inside the declared domain (slots/draw.py)
+    draw: Callable[[Profile, "Pick"], Mapping[str, Any]] | None = None
 
     def builtin_candidates(self) -> tuple["Candidate", ...]:
         return self.builtins or (Candidate(self.incumbent),)

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 
 from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import collective as builtin
-from kernelslot.slots.base import Case, Kernel, NearMiss, Profile, SlotDef, randn
+from kernelslot.slots.base import Case, Kernel, NearMiss, Pick, Profile, SlotDef, randn
+from kernelslot.slots.moe import route_ids
 
 __all__ = ["RankShare", "rank_shares", "world_of", "SLOTS", "WORLD_SIZES"]
 
@@ -231,6 +232,9 @@ _FE_SHAPES = {
     "tp_single_token": {"shard": "tp", "m": 1, "hidden": 48, "inter": 32, "experts": 4, "k": 2, "pad": 0},
     "ep_decode": {"shard": "ep", "m": 7, "hidden": 64, "inter": 32, "experts": 8, "k": 3, "pad": 0},
     "ep_padded_ids": {"shard": "ep", "m": 5, "hidden": 48, "inter": 32, "experts": 8, "k": 3, "pad": 1},
+    # structural routing (slots/moe.py route_ids): every token to one hot expert, most experts idle
+    "ep_skew_hot_expert": {"shard": "ep", "m": 32, "hidden": 48, "inter": 32, "experts": 8, "k": 2, "pad": 0,
+                           "routing": ("hot",)},
 }
 
 
@@ -238,7 +242,7 @@ def _fe_case(profile: Profile, gen: torch.Generator) -> Case:
     d = profile.dims
     world, m, hidden, inter, experts, k = world_of(profile), d["m"], d["hidden"], d["inter"], d["experts"], d["k"]
     x = randn((m, hidden), gen, profile.dtype)
-    ids = torch.stack([torch.randperm(experts, generator=gen)[:k] for _ in range(m)]).to(torch.int32)
+    ids = route_ids(m, experts, k, tuple(d.get("routing", ())), gen)
     if d["pad"]:
         ids[:, k - d["pad"]:] = -1
     weights = torch.rand((m, k), generator=gen) * 1.5 + 0.1
@@ -352,21 +356,41 @@ def _fe_describe(case: Case) -> CallDescriptor:
                           layout=case.meta["layout"])
 
 
+# Drawn profiles (slots/draw.py): sizes and structure around a base profile; the group size, the
+# dtype and the value regime (scale, offset, eps) stay the base's.
+def _rows_draw(base: Profile, pick: Pick) -> dict:
+    return {"rows": pick.integer(1, 16), "hidden": pick.integer(1, 512)}
+
+
+def _mf_draw(base: Profile, pick: Pick) -> dict:
+    t_exp = pick.integer(1, 12)
+    return {"t": pick.integer(1, t_exp), "t_exp": t_exp, "k": pick.integer(1, 4), "hidden": pick.integer(1, 256)}
+
+
+def _fe_draw(base: Profile, pick: Pick) -> dict:
+    world = world_of(base)
+    experts = world * pick.integer(1, 4)  # expert-parallel ranks hold E/world experts each
+    k = pick.integer(1, min(4, experts))
+    return {"shard": pick.choice(("tp", "ep")), "m": pick.integer(1, 32), "hidden": 16 * pick.integer(1, 4),
+            "inter": world * 8 * pick.integer(1, 4), "experts": experts, "k": k, "pad": pick.integer(0, k - 1),
+            "routing": pick.subset(("hot",))}
+
+
 def _slot(slot: Slot, make_case: Callable, reference: Callable, ratio: float, shapes: dict, kernel: Kernel,
-          describe: Callable) -> SlotDef:
+          describe: Callable, draw: Callable) -> SlotDef:
     return SlotDef(slot=slot, make_case=make_case, reference=reference, comparator=MatchedRatio(ratio),
-                   profiles=_profiles(shapes, ("single", "ragged", "large", "head_trimmed", "ep_padded")),
-                   incumbent=kernel, describe=describe, near_misses=NEAR_MISSES[slot.name])
+                   profiles=_profiles(shapes, ("single", "ragged", "large", "head_trimmed", "ep_padded", "ep_skew")),
+                   incumbent=kernel, describe=describe, near_misses=NEAR_MISSES[slot.name], draw=draw)
 
 
 SLOTS = (
     _slot(ALL_REDUCE, _ar_case, _ar_reference, 0.99, _AR_SHAPES,
-          Kernel(builtin.all_reduce, name="builtin.all_reduce"), _ar_describe),
+          Kernel(builtin.all_reduce, name="builtin.all_reduce"), _ar_describe, _rows_draw),
     _slot(AR_RESIDUAL_RMSNORM, _arn_case, _arn_reference, 0.99, _ARN_SHAPES,
-          Kernel(builtin.ar_residual_rmsnorm, name="builtin.ar_residual_rmsnorm"), _norm_describe),
+          Kernel(builtin.ar_residual_rmsnorm, name="builtin.ar_residual_rmsnorm"), _norm_describe, _rows_draw),
     _slot(MOE_FINALIZE_AR_RMSNORM, _mf_case, _mf_reference, 0.99, _MF_SHAPES,
-          Kernel(builtin.moe_finalize_ar_rmsnorm, name="builtin.moe_finalize_ar_rmsnorm"), _norm_describe),
+          Kernel(builtin.moe_finalize_ar_rmsnorm, name="builtin.moe_finalize_ar_rmsnorm"), _norm_describe, _mf_draw),
     _slot(FUSED_EXPERTS_REDUCE, _fe_case, _fe_reference, 0.97, _FE_SHAPES,
           Kernel(builtin.fused_experts_reduce, builtin.prepare_fused_experts_reduce, name="builtin.fused_experts_reduce"),
-          _fe_describe),
+          _fe_describe, _fe_draw),
 )

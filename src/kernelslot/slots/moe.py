@@ -9,6 +9,12 @@ the gate rows then the up rows, ``w2 (E, H, I)``, both in the profile's dtype.
 nothing; ``topk_weights`` are raw positive multipliers (rows need not sum to 1; a K=1 weight
 need not be 1). ``act`` is the model's (SiLU for generic, swigluoai for MiniMax-M3).
 
+Routing structure (``dims["routing"]``, a tuple of kinds; docs/referee.md "Structural inputs"):
+``hot`` sends every token to one expert (its first id), the other ids from a few experts only, so
+most experts get no tokens; ``repeat`` repeats a token's first id in another of its K slots (the
+sum over k counts it twice); ``dominant`` puts all but a 1e-4 share of a row's weight on one of its
+K ids. A kernel that assumes balanced routing (a per-expert capacity) fails the hot profiles.
+
 Comparators: matched_ratio ≥ 0.97 for dense weights. The NVFP4 profile's reference dequantises
 the view independently and computes in fp32, so an honest candidate differs only by its
 activation rounding and summation order: it must reach cosine ≥ 0.999 with the relative norm
@@ -24,9 +30,11 @@ from kernelslot.abi import (AllOf, Arg, CallDescriptor, CapabilityDomain, Cosine
 from kernelslot.formats import dequantize_moe_layer_nvfp4, quantize_moe_layer_nvfp4
 from kernelslot.kernels import moe as builtin
 from kernelslot.kernels.moe_block.spec import ExpertActivation
-from kernelslot.slots.base import (LOW_BIT, Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, multiple_of, nbytes,
-                                   output_traffic, randn)
+from kernelslot.slots.base import (LOW_BIT, Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic,
+                                   multiple_of, nbytes, output_traffic, randn)
 from kernelslot.slots.models import model_profile
+
+_F32_BF16 = (torch.float32, torch.bfloat16)
 
 FUSED_EXPERTS = Slot(
     "moe.fused_experts",
@@ -40,7 +48,7 @@ FUSED_EXPERTS = Slot(
 
 NVFP4_COMPARATOR = AllOf((Cosine(0.999, 0.01), MatchedRatio(0.90)))
 
-# name: (M, E, K, H, I, minus_one_fraction, weight range, x scale, model, quant)
+# name: (M, E, K, H, I, minus_one_fraction, weight range, x scale, model, quant[, routing, dtypes])
 _PROFILES = {
     "decode_t1_k1_raw_weight": (1, 4, 1, 64, 32, 0.0, (0.2, 0.6), 1.0, "generic", "dense"),
     "ragged_batch_nonpow2": (13, 6, 2, 96, 80, 0.0, (0.1, 3.0), 1.0, "generic", "dense"),
@@ -50,21 +58,49 @@ _PROFILES = {
     "all_ids_minus_one_rows": (6, 4, 2, 64, 32, 1.0, (0.1, 1.0), 1.0, "generic", "dense"),
     "minimax_swigluoai_clamped": (7, 8, 4, 128, 64, 0.0, (0.05, 0.5), 4.0, "MiniMax-M3", "dense"),
     "minimax_nvfp4": (5, 6, 4, 128, 64, 0.0, (0.05, 0.5), 1.0, "MiniMax-M3", "nvfp4"),
+    # structural routing: a hot expert takes every token (16x a balanced share), most experts idle
+    "skew_hot_expert_empty_experts": (64, 16, 4, 64, 32, 0.0, (0.1, 1.0), 1.0, "generic", "dense", ("hot",), _F32_BF16),
+    "skew_all_tokens_one_expert_k1": (40, 8, 1, 64, 32, 0.0, (0.2, 0.6), 1.0, "generic", "dense", ("hot",), _F32_BF16),
+    "repeated_ids_dominant_weight": (12, 8, 4, 64, 32, 0.2, (0.1, 2.0), 1.0, "generic", "dense",
+                                     ("repeat", "dominant"), _F32_BF16),
+    "minimax_skew_hot_expert": (48, 8, 4, 128, 64, 0.0, (0.05, 0.5), 4.0, "MiniMax-M3", "dense",
+                                ("hot", "dominant"), (torch.bfloat16,)),
 }
+ROUTINGS = ("hot", "repeat", "dominant")  # the routing structures make_case knows (module docstring)
+
+
+def route_ids(m: int, e: int, k: int, routing: tuple[str, ...], gen: torch.Generator) -> torch.Tensor:
+    """``topk_ids (M, K)`` int32 with the profile's routing structure (distinct ids per row unless ``repeat``)."""
+    if "hot" not in routing:
+        ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(m)])
+    else:  # every token's first id is one hot expert; the rest come from k of the other experts
+        perm = torch.randperm(e, generator=gen)
+        hot, few = perm[0], perm[1:1 + max(k, 1)]
+        rest = [few[torch.randperm(len(few), generator=gen)[:k - 1]] for _ in range(m)]
+        ids = torch.stack([torch.cat([hot.view(1), r]) for r in rest])
+        ids = ids.gather(1, torch.stack([torch.randperm(k, generator=gen) for _ in range(m)]))  # hot at any k
+    if "repeat" in routing and k >= 2:
+        col = torch.randint(1, k, (m,), generator=gen)
+        ids[torch.arange(m), col] = ids[:, 0]
+    return ids.to(torch.int32)
 
 
 def _make_case(profile: Profile, gen: torch.Generator) -> Case:
     m, e, k, h, i, drop, (wlo, whi), xscale, _, quant = (profile.dims[n] for n in (
         "M", "E", "K", "H", "I", "drop", "wrange", "xscale", "model", "quant"))
+    routing = tuple(profile.dims.get("routing", ()))
     dt = profile.dtype
     x = randn((m, h), gen, dt, xscale)
-    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(m)]).to(torch.int32)
+    ids = route_ids(m, e, k, routing, gen)
     if drop >= 1.0:
         ids[::2] = -1  # every other row routes nowhere (fully remote tokens)
     elif drop > 0:
         ids[torch.rand(m, k, generator=gen) < drop] = -1
         ids[0, -1] = -1  # at least one remote expert, whatever the draw
     weights = (torch.rand(m, k, generator=gen) * (whi - wlo) + wlo).float()
+    if "dominant" in routing and k >= 2:  # one of K carries the weight; the others a 1e-4 share
+        top = torch.randint(0, k, (m,), generator=gen)
+        weights = torch.where(torch.arange(k).view(1, k) == top.view(m, 1), weights, weights * 1e-4)
     w13 = randn((e, 2 * i, h), gen, torch.float32, h ** -0.5)
     w2 = randn((e, h, i), gen, torch.float32, i ** -0.5)
     meta = {"activation": model_profile(profile.model).activation}
@@ -80,6 +116,17 @@ def _make_case(profile: Profile, gen: torch.Generator) -> Case:
         live=("x", "topk_ids", "topk_weights"),
         meta=meta,
     )
+
+
+def _draw(base: Profile, pick: Pick) -> dict:
+    """Batch, experts, K, sizes, -1 share and routing structure around ``base`` (same dtype, model,
+    quant; NVFP4 keeps its 16-aligned H and I)."""
+    e = pick.integer(2, 16)
+    dims = {"M": pick.integer(1, 96), "E": e, "K": pick.integer(1, min(4, e)),
+            "drop": pick.choice((0.0, 0.0, 0.25, 0.5, 1.0)), "routing": pick.subset(ROUTINGS)}
+    if base.dims["quant"] == "dense":
+        dims.update(H=16 * pick.integer(1, 12), I=16 * pick.integer(1, 8))
+    return dims
 
 
 def _act_reference(g: torch.Tensor, u: torch.Tensor, act) -> torch.Tensor:
@@ -189,12 +236,13 @@ _SIZES = (("num_tokens", "M"), ("top_k", "K", lambda d, n: {**d, "K": n, "E": ma
 
 def _profiles() -> tuple[Profile, ...]:
     out = []
-    for name, (m, e, k, h, i, drop, wr, xs, model, quant) in _PROFILES.items():
-        for dt in (torch.float32, torch.bfloat16, torch.float16):
+    for name, (m, e, k, h, i, drop, wr, xs, model, quant, *more) in _PROFILES.items():
+        routing, dtypes = more if more else ((), (torch.float32, torch.bfloat16, torch.float16))
+        for dt in dtypes:
             out.append(Profile(
                 name, {"M": m, "E": e, "K": k, "H": h, "I": i, "drop": drop, "wrange": wr, "xscale": xs,
-                       "model": model, "quant": quant},
-                dt, model=model, tags=(frozenset({"adversarial"}) if drop or m == 1 or m % 2 else frozenset())
+                       "model": model, "quant": quant, "routing": routing},
+                dt, model=model, tags=(frozenset({"adversarial"}) if drop or m == 1 or m % 2 or routing else frozenset())
                 | (frozenset({LOW_BIT}) if quant == "nvfp4" else frozenset()),
                 comparator=NVFP4_COMPARATOR if quant == "nvfp4" else None,
             ))
@@ -217,6 +265,7 @@ SLOTS = (
         near_misses=NEAR_MISSES,
         sizes=_SIZES,
         relations=(PermuteTokens(("x", "topk_ids", "topk_weights"), ("out",)), ScaleLinear("topk_weights", ("out",))),
+        draw=_draw,
         builtins=(
             Candidate(SILU_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["generic", "qwen3-moe"]}})),
             Candidate(SWIGLUOAI_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["MiniMax-M3", "gpt-oss"]}})),

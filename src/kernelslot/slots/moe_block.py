@@ -36,8 +36,8 @@ from kernelslot.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from kernelslot.kernels.moe_block import moe_block_tkg, prepare_moe_block
 from kernelslot.kernels.moe_block.config import MoeBlockConfig, ScalingMode, SharedExpert
 from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
-from kernelslot.slots.base import (LOW_BIT, Case, Kernel, NearMiss, OutputSpec, Profile, SlotDef, Traffic, multiple_of, nbytes,
-                                   output_traffic, randn)
+from kernelslot.slots.base import (LOW_BIT, Case, Kernel, NearMiss, OutputSpec, Pick, Profile, SlotDef, Traffic,
+                                   multiple_of, nbytes, output_traffic, randn)
 from kernelslot.slots.models import MODELS
 
 __all__ = ["MoeBlockLayer", "make_expert_weights", "moe_block_reference", "SLOT", "SLOTS"]
@@ -349,6 +349,9 @@ def make_layer(profile: Profile, gen: torch.Generator) -> MoeBlockLayer:
     gamma = (1.0 + randn((hidden,), gen, torch.float32, 0.1)).to(dt)  # Gemma's (1 + w) arrives folded
     router_weight = randn((num_experts, hidden), gen, dt, 2.0 / hidden**0.5)
     router_bias = randn((num_experts,), gen, dt, 0.2) if biases else None
+    if d.get("skew") == "hot":  # ids are not inputs here: steer the router itself
+        skew = hot_expert_bias(num_experts, local, d.get("rank", 0), gen)
+        router_bias = (skew if router_bias is None else router_bias.float() + skew).to(dt)
     correction = randn((num_experts,), gen, torch.float32, 0.05) if m.correction_bias else None
     experts = make_expert_weights(d.get("format", "dense"), local, hidden, inter, gen, dt, biases, gate_scale)
     shared = None
@@ -357,6 +360,22 @@ def make_layer(profile: Profile, gen: torch.Generator) -> MoeBlockLayer:
         gate = randn((hidden,), gen, dt, 1.0 / hidden**0.5) if d.get("shared_gate") else None
         shared = SharedExpert(sw, act, gate)
     return MoeBlockLayer(gamma, router_weight, experts, config, router_bias, correction, shared)
+
+
+HOT_LOGIT = 12.0  # about 6 standard deviations of a profile's router logit (router rows scaled 2/sqrt(H))
+
+
+def hot_expert_bias(num_experts: int, local: int, rank: int, gen: torch.Generator) -> torch.Tensor:
+    """fp32 ``(E,)`` router bias of the ``skew="hot"`` profiles: +HOT_LOGIT on one of this rank's
+    experts (every token routes to it: 16x a balanced share of its tokens at E=16, K=4), -HOT_LOGIT
+    on half of the others (they get no tokens). Under softmax routing the hot expert also carries
+    nearly all of each token's weight."""
+    bias = torch.zeros(num_experts)
+    lo = rank * local
+    order = (lo + torch.randperm(local, generator=gen)).tolist() + [e for e in range(num_experts) if not lo <= e < lo + local]
+    bias[order[0]] = HOT_LOGIT
+    bias[order[1::2]] = -HOT_LOGIT
+    return bias
 
 
 def _make_case(profile: Profile, gen: torch.Generator) -> Case:
@@ -377,6 +396,14 @@ def _make_case(profile: Profile, gen: torch.Generator) -> Case:
         live=("x", "residual") if residual is not None else ("x",),
         meta={"model": profile.model, "gemma_norm": MODELS[profile.model].gemma_norm},
     )
+
+
+def _draw(base: Profile, pick: Pick) -> dict:
+    """Tokens, K, leaf strategy, router skew and optional outputs around ``base`` (same dtype,
+    model, expert format, sizes and expert-parallel slice)."""
+    return {"T": pick.integer(1, 64), "K": pick.integer(1, min(8, base.dims["E"])),
+            "strategy": pick.choice(("selective", "all_expert", "auto")), "skew": pick.choice((None, "hot")),
+            "residual": pick.flag(), "logits": pick.flag()}
 
 
 def _describe(case: Case) -> CallDescriptor:
@@ -457,6 +484,13 @@ _PROFILES: tuple[Profile, ...] = (
         strategy="selective", logits=True),
     *_p("t8_all_expert_ep_nvfp4", "MiniMax-M3", (BF16,), T=8, H=128, I=64, E=16, E_L=8, rank=1, K=4, format="nvfp4",
         strategy="all_expert", residual=True, logits=True),
+    # structural routing (router bias steered: hot_expert_bias): one expert takes every token, many none
+    *_p("t64_skew_hot_expert_selective", "generic", (F32, BF16), T=64, H=128, I=32, E=16, K=4, strategy="selective",
+        skew="hot", logits=True),
+    *_p("t48_skew_hot_expert_ep_all_expert", "MiniMax-M3", (BF16,), T=48, H=128, I=32, E=16, E_L=8, rank=1, K=4,
+        strategy="all_expert", skew="hot", residual=True),
+    *_p("t32_skew_hot_expert_mxfp4", "gpt-oss", (BF16,), T=32, H=128, I=64, E=16, K=4, format="mxfp4",
+        strategy="selective", skew="hot", biases=True, logits=True),
 )
 
 SLOT = Slot(
@@ -491,6 +525,7 @@ SLOTS: tuple[SlotDef, ...] = (
         sizes=_SIZES,
         traffic=_traffic,
         near_misses=NEAR_MISSES,
+        draw=_draw,
         notes="NO_SCALE sums each token's routed set (not the seed's non-zero columns); every given clamp applies.",
     ),
 )

@@ -27,7 +27,8 @@ import torch
 from kernelslot.abi import AllOf, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind, TopKOverlap
 from kernelslot.abi.comparators import canonical_expected, tie_partition, unit_roundoff
 from kernelslot.kernels import msa as builtin
-from kernelslot.slots.base import Case, Kernel, NearMiss, Profile, SlotDef, Traffic, cycled, nbytes, output_traffic, randn
+from kernelslot.slots.base import (Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic, cycled, nbytes,
+                                   output_traffic, randn)
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ADVERSARIAL = frozenset({"adversarial"})
@@ -65,15 +66,38 @@ def _values(shape: tuple[int, ...], gen: torch.Generator, dtype: torch.dtype, in
     return randn(shape, gen, dtype)
 
 
+# Clustered maxima (``dims["cluster"] = (first, levels)``, integer profiles): every query gets
+# q[0] = CLUSTER_Q; key blocks first .. first+levels-1 get k[0] = (levels - i)·CLUSTER_STEP, so
+# for every head and query block they are the best blocks in that order (adjacent levels differ by
+# 128 against at most ±56 from the other coordinates, exactly in every dtype), and block
+# first+levels is an exact copy of the lowest one: an exact tie at the selection boundary, which
+# straddles a tile boundary when first+levels is a multiple of 8. The contract breaks it by the
+# lower index; a tiled or two-stage top-k that keeps a few blocks per tile loses the cluster's tail.
+CLUSTER_Q, CLUSTER_STEP = 4, 32
+
+
+def _plant_cluster(keys: torch.Tensor, first: int, levels: int, block_size: int) -> torch.Tensor:
+    """``keys (L, D)`` of one request with the cluster planted (a copy); unchanged if L is too short."""
+    if keys.shape[0] < (first + levels + 1) * block_size:
+        return keys
+    keys = keys.clone()
+    for i in range(levels):
+        keys[(first + i) * block_size:(first + i + 1) * block_size, 0] = (levels - i) * CLUSTER_STEP
+    low = (first + levels - 1) * block_size
+    keys[low + block_size:low + 2 * block_size] = keys[low:low + block_size]
+    return keys
+
+
 # --------------------------------------------------------------------------- msa_block_score
 
-# name: (seq_lens, Hi, D, S, block_size, integer values, duplicated key blocks, model)
+# name: (seq_lens, Hi, D, S, block_size, integer values, duplicated key blocks, model[, cluster])
 _SCORE_SHAPES = {
     "single_token_single_block": ((1,), 1, 16, 1, 4, False, False, "generic"),
     "ragged_seq_lens": ((200, 37, 1), 4, 32, 200, 16, False, False, "generic"),
     "ties_integer_duplicated_blocks": ((96, 61), 2, 8, 96, 8, True, True, "generic"),
     "nonpow2_partial_blocks": ((77, 50), 3, 40, 77, 12, False, False, "generic"),
     "minimax_m3_index": ((4096, 1700), 4, 128, 4096, 128, False, False, "MiniMax-M3"),
+    "clustered_maxima_boundary_ties": ((200, 150), 2, 8, 200, 8, True, False, "generic", (8, 8)),
 }
 
 
@@ -86,6 +110,10 @@ def _score_case(profile: Profile, gen: torch.Generator) -> Case:
             width = min(bs, s - j * bs)
             index_k[:, j * bs:j * bs + width] = index_k[:, :width]
     q = _values((bsz, hi, d), gen, profile.dtype, integer)
+    if profile.dims.get("cluster"):
+        q[..., 0] = CLUSTER_Q
+        for b, n in enumerate(seq_lens):
+            index_k[b, :n] = _plant_cluster(index_k[b, :n], *profile.dims["cluster"], bs)
     for b, n in enumerate(seq_lens):  # keys past seq_len score far above any real key, per head in turn:
         for i, t in enumerate(range(n, s)):  # a kernel that reads them selects the wrong blocks
             index_k[b, t] = 16 * q[b, i % hi]
@@ -102,6 +130,24 @@ def _score_case(profile: Profile, gen: torch.Generator) -> Case:
 
 def _score_reference(case: Case, whole_rows: bool = False) -> dict[str, torch.Tensor]:
     """fp64 block maxima; ``whole_rows`` scores every stored key, ignoring seq_lens (a near-miss)."""
+
+
+def _score_draw(base: Profile, pick: Pick) -> dict:
+    """Ragged lengths, geometry, integer ties, duplicated blocks and clustered maxima around
+    ``base`` (same dtype and model; MiniMax-M3 keeps its index geometry: 4 heads x 128, blocks of 128)."""
+    minimax = base.model == "MiniMax-M3"
+    bs = base.dims["bs"] if minimax else pick.choice((4, 8, 12, 16))
+    s = pick.integer(1, 2048 if minimax else 256)
+    dims = {"S": s, "seq_lens": pick.integers(1, s, 1, 3), "bs": bs}
+    if not minimax:
+        dims.update(Hi=pick.integer(1, 4), D=pick.choice((8, 16, 32)), integer=pick.flag(), dup=pick.flag(),
+                    cluster=None)
+        if dims["integer"] and pick.flag():
+            dims["cluster"] = (pick.integer(0, 4), pick.integer(2, 8))
+    return dims
+
+
+def _score_reference(case: Case) -> dict[str, torch.Tensor]:
     q, index_k, bs = case.inputs["q"].double(), case.inputs["index_k"].double(), case.inputs["block_size"]
     bsz, hi, _ = q.shape
     n_blocks = math.ceil(index_k.shape[1] / bs)
@@ -157,6 +203,9 @@ _PREFILL_SHAPES = {
                            integer=False),
     "minimax_m3_index": dict(q_lens=(192, 70), prefix=(3800, 0), Hi=4, D=128, bq=64, bk=128, topk=16, init=0,
                              local=1, integer=False),
+    # the 8 free picks fill key blocks 8..15 (one tile) and block 16 ties block 15 exactly (_plant_cluster)
+    "clustered_maxima_boundary_ties": dict(q_lens=(24, 40), prefix=(192, 160), Hi=2, D=8, bq=8, bk=8, topk=9, init=0,
+                                           local=1, integer=True, cluster=(8, 8)),
 }
 
 
@@ -184,10 +233,17 @@ def _prefill_case(profile: Profile, gen: torch.Generator) -> Case:
         cu_blocks.append(cu_blocks[-1] + n)
     scale = 0.5 if dims["integer"] else dims["D"] ** -0.5
     rows = cu_blocks[-1]
+    q = _values((cumsum[-1], dims["Hi"], dims["D"]), gen, profile.dtype, dims["integer"])
+    cache = _values((n_slots, 1, dims["D"]), gen, profile.dtype, dims["integer"])
+    if dims.get("cluster"):
+        q[..., 0] = CLUSTER_Q
+        for b, seq_len in enumerate(seq_lens):
+            slots = table[slot_ids[b], :seq_len].long()
+            cache[slots, 0] = _plant_cluster(cache[slots, 0], *dims["cluster"], bk)
     return Case(
         inputs={
-            "q": _values((cumsum[-1], dims["Hi"], dims["D"]), gen, profile.dtype, dims["integer"]),
-            "index_k_cache": _values((n_slots, 1, dims["D"]), gen, profile.dtype, dims["integer"]),
+            "q": q,
+            "index_k_cache": cache,
             "req_to_token": table,
             "slot_ids": slot_ids.to(torch.int64),
             "cu_seqlens": torch.tensor(cumsum, dtype=torch.int32),
@@ -207,6 +263,23 @@ def _prefill_case(profile: Profile, gen: torch.Generator) -> Case:
         },
         outputs={"out_topk": OutputSpec((dims["Hi"], rows, dims["topk"]), torch.int32, policy="contiguous")},
     )
+
+
+def _prefill_draw(base: Profile, pick: Pick) -> dict:
+    """Ragged requests, block sizes, forced blocks, top-k, integer ties and clustered maxima around
+    ``base`` (same dtype and model; MiniMax-M3 keeps its index geometry and selection sizes)."""
+    b = pick.integer(1, 3)
+    minimax = base.model == "MiniMax-M3"
+    dims = {"q_lens": pick.integers(1, 160 if minimax else 48, b, b),
+            "prefix": pick.integers(0, 2048 if minimax else 96, b, b)}
+    if not minimax:
+        init, local = pick.integer(0, 2), pick.integer(0, 2)
+        dims.update(Hi=pick.integer(1, 3), D=pick.choice((8, 16, 32)), bq=pick.integer(4, 16), bk=pick.integer(4, 16),
+                    init=init, local=local, topk=pick.integer(max(1, init + local), init + local + 8),
+                    integer=pick.flag(), cluster=None)
+        if dims["integer"] and pick.flag():
+            dims["cluster"] = (pick.integer(init, 4), pick.integer(2, 8))
+    return dims
 
 
 def _query_blocks(inputs: dict) -> list[tuple[int, int, int, int]]:
@@ -342,8 +415,8 @@ def _prefill_traffic(case: Case) -> Traffic:
 
 
 _SCORE_DIMS = {
-    name: dict(seq_lens=sl, Hi=hi, D=d, S=s, bs=bs, integer=integer, dup=dup, model=model)
-    for name, (sl, hi, d, s, bs, integer, dup, model) in _SCORE_SHAPES.items()
+    name: dict(seq_lens=sl, Hi=hi, D=d, S=s, bs=bs, integer=integer, dup=dup, model=model, cluster=(cluster or [None])[0])
+    for name, (sl, hi, d, s, bs, integer, dup, model, *cluster) in _SCORE_SHAPES.items()
 }
 
 
@@ -396,12 +469,14 @@ SLOTS = (
         comparator=AllOf((TopKOverlap(k=SCORE_TOPK, min_overlap=0.875, mode="scores"),
                           TopKOverlap(k=SCORE_TOPK, min_overlap=0.75, mode="scores", per_row=True))),
         profiles=_profiles(_SCORE_DIMS, {"single_token_single_block", "ragged_seq_lens",
-                                         "ties_integer_duplicated_blocks", "nonpow2_partial_blocks"}),
+                                         "ties_integer_duplicated_blocks", "nonpow2_partial_blocks",
+                                         "clustered_maxima_boundary_ties"}),
         incumbent=Kernel(builtin.msa_block_score, name="builtin.msa_block_score"),
         describe=_score_describe,
         traffic=_score_traffic,
         near_misses=SCORE_NEAR_MISSES,
         sizes=_SCORE_SIZES,
+        draw=_score_draw,
     ),
     SlotDef(
         slot=PREFILL,
@@ -411,12 +486,14 @@ SLOTS = (
         comparator=TopKOverlap(k=max(d["topk"] for d in _PREFILL_SHAPES.values()), min_overlap=0.90,
                                mode="indices", per_row=True),
         profiles=_profiles(_PREFILL_SHAPES, {"single_token_single_request", "ragged_prefix_lens",
-                                             "ties_integer_scores", "nonpow2_blocks"}),
+                                             "ties_integer_scores", "nonpow2_blocks",
+                                             "clustered_maxima_boundary_ties"}),
         incumbent=Kernel(builtin.msa_prefill_block_score, name="builtin.msa_prefill_block_score"),
         describe=_prefill_describe,
         traffic=_prefill_traffic,
         sizes=_PREFILL_SIZES,
         audit=_prefill_audit,
         near_misses=PREFILL_NEAR_MISSES,
+        draw=_prefill_draw,
     ),
 )

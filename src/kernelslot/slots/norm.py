@@ -5,7 +5,8 @@ import torch
 
 from kernelslot.abi import AllClose, PermuteTokens, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import norm as builtin
-from kernelslot.slots.base import Candidate, Case, Kernel, NearMiss, Profile, SlotDef, Traffic, nbytes, output_traffic, randn
+from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic, nbytes,
+                                   output_traffic, randn)
 from kernelslot.slots.models import model_profile
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -82,6 +83,11 @@ NEAR_MISSES = (
 )
 
 
+def _draw(base: Profile, pick: Pick) -> dict:
+    """Rows and hidden size around ``base`` (same dtype, model, eps and value regime)."""
+    return {"rows": pick.integer(1, 64), "hidden": pick.integer(1, 2048)}
+
+
 def _describe(case: Case) -> CallDescriptor:
     x = case.inputs["x"]
     return CallDescriptor(num_tokens=x.shape[0], hidden_size=x.shape[-1])
@@ -113,5 +119,6 @@ SLOTS = (
         sizes=(("num_tokens", "rows"), ("hidden_size", "hidden")),
         traffic=_traffic,
         near_misses=NEAR_MISSES,
+        draw=_draw,
     ),
 )

@@ -41,13 +41,14 @@ import torch.distributed as dist
 
 from kernelslot.abi import AllocatedOutput, Role, allocate_output
 from kernelslot.abi.tensor_spec import allocate_plain, canary_value
-from kernelslot.slots.base import Candidate, Case, Kernel, KernelSource, Profile, SlotDef, dtype_name
+from kernelslot.slots.base import Candidate, Case, Kernel, KernelSource, Profile, SlotDef
 from kernelslot.slots.collective import RankShare, rank_shares, world_of
 from kernelslot.verify.checks import check_call, check_inputs, snapshot
 from kernelslot.verify.collective_session import CollectiveSession, SessionError, stuck_where
 from kernelslot.verify.collective_wire import share_storage, tensor_desc
 from kernelslot.verify.pipeline import (_CALL_CHECKS, SINGLE_DEVICE_CHECKS, VerifyOptions, clone_case, describe, make_case,
-                                        not_applicable, planner_for, select_profiles, tensors_in, to_device)
+                                        new_result, not_applicable, planner_for, profile_runs, select_profiles, tensors_in,
+                                        to_device)
 from kernelslot.verify.envelope import declared_bounds
 from kernelslot.verify.plan import refill_inputs
 from kernelslot.verify.report import CHECKS, FAIL, PASS, SKIP, ProfileResult, SlotReport
@@ -240,7 +241,7 @@ class _ProfileCheck:
     def __init__(self, defn: SlotDef, cand: Candidate, profile: Profile, seed: int, opts: VerifyOptions,
                  devices: Sequence[torch.device], session: CollectiveSession | None):
         self.defn, self.cand, self.profile, self.seed = defn, cand, profile, seed
-        self.result = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, cand.name)
+        self.result = new_result(defn, profile, seed, cand.name)
         self.world = world_of(profile)
         self.graphs = torch.device(opts.device).type == "cuda" and opts.graph and cand.graph_safe
         self.calls = call_sequence(opts, self.graphs)
@@ -414,17 +415,17 @@ def verify_collective(defn: SlotDef, candidates: Candidate | Sequence[Candidate]
     report = SlotReport(defn.name, ", ".join(c.name for c in cands), "collective(isolated ranks)", opts.device)
     model = opts.model or next((c.model for c in cands if c.model), None)
     profiles = [p for p in select_profiles(defn, opts, model) if world_of(p) in opts.world_sizes]
+    runs = profile_runs(defn, profiles, opts)  # drawn profiles keep their base's world size
     try:
-        for profile in profiles:
-            for seed in opts.seeds:
-                result = _verify_one(defn, cands, profile, seed, opts, sessions)
-                report.results.append(result)
-                if progress:
-                    progress(result)
+        for profile, seed in runs:
+            result = _verify_one(defn, cands, profile, seed, opts, sessions)
+            report.results.append(result)
+            if progress:
+                progress(result)
     finally:
         while owned and sessions:
             sessions.popitem()[1].close()
-    _record_world_envelope(report, cands, profiles)
+    _record_world_envelope(report, cands, [p for p, _ in runs])
     if not report.results:
         worlds = sorted({world_of(p) for p in defn.profiles})
         report.errors.append(f"no profile selected (world sizes {list(opts.world_sizes)}; this slot has {worlds}; "
@@ -457,7 +458,7 @@ def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: i
                 sessions: dict[int, CollectiveSession]) -> ProfileResult:
     cand, skipped = _route(cands, defn, profile, seed, opts.device)
     if cand is None:
-        res = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, "-")
+        res = new_result(defn, profile, seed, "-")
         res.skipped_reason = skipped
         return res
     world = world_of(profile)
@@ -470,7 +471,7 @@ def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: i
                              f"{sessions[world].timeout_s:g} s deadline; these options ask for {opts.device} and "
                              f"{opts.collective_timeout_s:g} s")
     except (ValueError, SessionError) as exc:
-        res = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, cand.name)
+        res = new_result(defn, profile, seed, cand.name)
         res.record("raised", FAIL, str(exc))
         return _finish(res, set(), defn, "not reached")
     session = sessions[world]

@@ -49,6 +49,7 @@ class VerifyOptions:
     graph: bool = True  # CUDA-graph replay for graph_safe candidates on CUDA
     time: bool = False  # time candidate and incumbent side by side
     time_reps: int = 7  # the least number of timed repetitions (the plan adds up to half as many)
+    draws: int = 2  # drawn profiles per slot and seed, inside the slot's domain (slots/draw.py); 0: none
     world_sizes: tuple[int, ...] = (2,)  # collective slots: group sizes to verify (profiles carry dims["world"])
     collective_timeout_s: float = 30.0  # collective slots: per-call deadline for every rank
 
@@ -74,6 +75,25 @@ def select_profiles(defn: SlotDef, opts: VerifyOptions, model: str | None) -> li
     if opts.profiles is not None:
         profiles = [p for p in profiles if p.name in opts.profiles]
     return profiles
+
+
+def profile_runs(defn: SlotDef, profiles: list[Profile], opts: VerifyOptions) -> list[tuple[Profile, int]]:
+    """(profile, seed) of every run: each selected profile at each seed, then ``opts.draws`` drawn
+    profiles per seed around the selected ones (slots/draw.py; reproduced by the same seed). A
+    profile-name filter runs exactly the named profiles."""
+    runs = [(p, seed) for p in profiles for seed in opts.seeds]
+    if opts.draws and opts.profiles is None and defn.draw is not None and profiles:
+        from kernelslot.slots.draw import drawn_profiles  # Hypothesis: imported only when drawing
+
+        runs += [(p, seed) for seed in opts.seeds for p in drawn_profiles(defn, profiles, seed, opts.draws)]
+    return runs
+
+
+def new_result(defn: SlotDef, profile: Profile, seed: int, kernel: str) -> ProfileResult:
+    """An empty result for one profile run (a drawn profile's record included)."""
+    res = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, kernel)
+    res.drawn = dict(profile.drawn or {})
+    return res
 
 
 def case_seed(profile: Profile, seed: int, call: int) -> int:
@@ -157,7 +177,7 @@ class _ProfileRun:
         self.defn, self.cand, self.profile, self.seed, self.runner, self.opts = defn, cand, profile, seed, runner, opts
         self.plan = plan
         self.device = torch.device(opts.device)
-        self.result = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, cand.name)
+        self.result = new_result(defn, profile, seed, cand.name)
         self.performed: set[str] = set()
 
     def run(self) -> ProfileResult:
@@ -487,8 +507,8 @@ def verify_slot(
     report = SlotReport(defn.name, ", ".join(c.name for c in cands), runner.name, opts.device)
     models = [opts.model] if opts.model else sorted({c.model for c in cands if c.model}) or [None]
     planner = planner_for(opts)
-    runs = [_routed(defn, cands, profile, seed, runner, opts, planner)  # each variant's bound model
-            for profile in [p for m in models for p in select_profiles(defn, opts, m)] for seed in opts.seeds]
+    selected = [p for m in models for p in select_profiles(defn, opts, m)]  # each variant's bound model
+    runs = [_routed(defn, cands, profile, seed, runner, opts, planner) for profile, seed in profile_runs(defn, selected, opts)]
     report.results = [r.result if isinstance(r, _ProfileRun) else r for r in runs]
     _drive(runs, planner, progress)
     if opts.envelope and report.results:
@@ -524,7 +544,8 @@ def _verify_envelope(defn: SlotDef, cands: list[Candidate], runs: list, runner: 
         if not mine:
             continue
         clipped: dict[str, str] = {}
-        extra = boundary_profiles(defn, cand, [(r.profile, r.desc) for r in mine], opts.envelope_max_bytes,
+        fixed = [(r.profile, r.desc) for r in mine if r.profile.drawn is None]  # boundaries grow from fixed profiles
+        extra = boundary_profiles(defn, cand, fixed, opts.envelope_max_bytes,
                                   lambda p: make_case(defn, p, opts.seeds[0], 0), clipped, opts.envelope_fields)
         light = Planner(2, 0.0, None, opts.plan_seed)  # a boundary checks a size: first call, 2 replays, the plain call
         more = [_ProfileRun(defn, cand, b.profile, opts.seeds[0], runner, opts, light.plan()) for b in extra]
@@ -583,6 +604,6 @@ def _routed(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: int, 
     for cand in cands:
         if cand.domain.matches(desc):
             return _ProfileRun(defn, cand, profile, seed, runner, opts, plan_for(defn, planner))
-    res = ProfileResult(defn.name, profile.name, dtype_name(profile.dtype), profile.model, seed, "-")
+    res = new_result(defn, profile, seed, "-")
     res.skipped_reason = "outside every variant's domain (the incumbent runs)"
     return res

@@ -64,6 +64,10 @@ def render_slot(report: SlotReport, comparator: str) -> str:
         for c in r.failures():
             first_line = c.message.strip().splitlines()[0] if c.message.strip() else ""
             lines.append(f"  ! {r.profile}[{r.dtype}] seed {r.seed}: {c.name}: {first_line}")
+    for r in report.results:
+        if r.drawn:
+            dims = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in r.drawn["dims"].items())
+            lines.append(f"  drawn {r.profile}[{r.dtype}] (--seed-base {r.drawn['seed']}): {dims}")
     for e in report.errors:
         lines.append(f"  ! {e}")
     for note in report.notes:

@@ -74,6 +74,7 @@ class ProfileResult:
     metrics: dict[str, float] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     skipped_reason: str = ""
+    drawn: dict[str, Any] = field(default_factory=dict)  # a drawn profile's record: seed, index, base, dims
 
     @property
     def passed(self) -> bool:
