@@ -46,7 +46,7 @@ def test_sdpa_cheat_assuming_contiguous_output_is_caught() -> None:
 def test_decode_cheat_attending_block0_for_minus_one_is_caught() -> None:
     report = verify_slot(DECODE, Candidate(cheat_kernel("attention_decode_minus_one_as_block0")), VerifyOptions(dtypes=(torch.float32,)))
     assert not report.passed
-    assert report.failed_checks() == {"compare"}
+    assert "compare" in report.failed_checks() <= {"compare", "replay"}  # a drawn profile may fail first on a replay
     failing = {r.profile for r in report.results if not r.passed}
     assert "empty_request_nonpow2" in failing  # a request whose ids are all -1 must produce 0
 
