@@ -128,10 +128,6 @@ def _score_case(profile: Profile, gen: torch.Generator) -> Case:
     )
 
 
-def _score_reference(case: Case, whole_rows: bool = False) -> dict[str, torch.Tensor]:
-    """fp64 block maxima; ``whole_rows`` scores every stored key, ignoring seq_lens (a near-miss)."""
-
-
 def _score_draw(base: Profile, pick: Pick) -> dict:
     """Ragged lengths, geometry, integer ties, duplicated blocks and clustered maxima around
     ``base`` (same dtype and model; MiniMax-M3 keeps its index geometry: 4 heads x 128, blocks of 128)."""
@@ -147,7 +143,8 @@ def _score_draw(base: Profile, pick: Pick) -> dict:
     return dims
 
 
-def _score_reference(case: Case) -> dict[str, torch.Tensor]:
+def _score_reference(case: Case, whole_rows: bool = False) -> dict[str, torch.Tensor]:
+    """fp64 block maxima; ``whole_rows`` scores every stored key, ignoring seq_lens (a near-miss)."""
     q, index_k, bs = case.inputs["q"].double(), case.inputs["index_k"].double(), case.inputs["block_size"]
     bsz, hi, _ = q.shape
     n_blocks = math.ceil(index_k.shape[1] / bs)
