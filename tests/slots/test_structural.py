@@ -55,7 +55,8 @@ def test_block_router_steered_to_one_hot_expert():
         cfg = layer.config
         assert cfg.rank_id * cfg.num_local_experts <= hot < (cfg.rank_id + 1) * cfg.num_local_experts
         chosen = logits.double().argsort(-1, descending=True)[:, :cfg.top_k]
-        assert bool((chosen == hot).any(-1).all()), f"{p.label}: some token does not route to expert {hot}"
+        share = float((chosen == hot).any(-1).double().mean())
+        assert share >= 0.9, f"{p.label}: only {share:.0%} of the tokens route to expert {hot}"
         cold = (bias < -HOT_LOGIT / 2).nonzero().flatten()
         assert len(cold) >= 3 and not bool(torch.isin(chosen, cold).any()), f"{p.label}: a cold expert got tokens"
 
