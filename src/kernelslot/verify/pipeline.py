@@ -578,7 +578,9 @@ def unexercised_domain(defn: SlotDef, cand: Candidate, results: list[ProfileResu
     """
     ran = [r for r in results if r.kernel == cand.name and not r.skipped_reason]
     if not ran:
-        return [f"{cand.name}: no profile reached this variant (its domain {cand.domain.describe()} is never exercised)"]
+        hint = "; --profile/--dtype/--model selected none of its profiles: widen them to verify it" if (
+            opts.profiles or opts.dtypes or opts.model) else ""
+        return [f"{cand.name}: no profile reached this variant (its domain {cand.domain.describe()} is never exercised{hint})"]
     problems = []
     if opts.dtypes is None and opts.profiles is None:
         missing = [d for d in VERIFIED_DTYPES if _admits(cand, "dtype", d) and d not in {r.dtype for r in ran}]

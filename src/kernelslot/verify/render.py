@@ -77,5 +77,6 @@ def render_slot(report: SlotReport, comparator: str) -> str:
     ran = [r for r in report.results if not r.skipped_reason]
     passed = sum(r.passed for r in ran)
     lines.append(f"  => {'PASS' if report.passed else 'FAIL'}: {passed}/{len(ran)} profile runs passed"
-                 + (f", {len(report.results) - len(ran)} skipped" if len(ran) != len(report.results) else ""))
+                 + (f", {len(report.results) - len(ran)} skipped" if len(ran) != len(report.results) else "")
+                 + (f"; {len(report.errors)} slot-level problem{'s' * (len(report.errors) > 1)} (! above)" if report.errors else ""))
     return "\n".join(lines)
