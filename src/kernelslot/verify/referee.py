@@ -40,5 +40,6 @@ def verify_slot(defn: SlotDef, candidates: Candidate | Sequence[Candidate], opts
         report = verify_collective(defn, cands, opts, progress)
     else:
         report = pipeline.verify_slot(defn, cands, opts, runner, progress)
-    report.notes.extend(left_out)  # the other variants' verdicts stand; these were never exercised
+    if left_out:  # the other variants' verdicts stand; these were never exercised
+        report.notes.extend(left_out)
     return report
