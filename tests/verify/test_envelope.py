@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from kernelslot.abi import SlotKind
+from kernelslot.abi import CallDescriptor, CapabilityDomain, SlotKind
 from kernelslot.slots import CATALOG, Candidate, get_slot
-from kernelslot.verify.envelope import boundary_profiles
+from kernelslot.verify.envelope import boundary_profiles, case_bytes, envelope_domain, verified_envelope
 from kernelslot.verify.pipeline import describe, make_case
 
 SIZED = sorted(n for n in CATALOG if get_slot(n).sizes and get_slot(n).slot.kind is not SlotKind.COLLECTIVE)
@@ -42,3 +42,43 @@ def test_envelope_fields_limit_the_extended_fields_and_are_checked(capsys):
     assert bounds and {b.field for b in bounds} == {"kv_len"}
     assert main(["verify", "--slot", "norm.rmsnorm", "--envelope-field", "tokens"]) == 2
     assert "not a size field" in capsys.readouterr().err
+
+
+def _bounds(slot, names, field, domain=None):
+    """``field``'s boundary profiles of ``slot`` grown from the named fixed profiles only."""
+    defn = get_slot(slot)
+    ran = [(p, describe(defn, make_case(defn, p, 0, 0), p, "cpu")) for p in defn.profiles if p.label in names]
+    cand = Candidate(defn.incumbent, CapabilityDomain.from_mapping(domain or {}))
+    return defn, boundary_profiles(defn, cand, ran, 64 << 20, lambda p: make_case(defn, p, 0, 0), {}, (field,))
+
+
+def test_moe_block_num_experts_grows_with_the_expert_parallel_split_kept():
+    defn, bounds = _bounds("moe.block_tkg", {"t7_all_expert_ep_rank1[float32]"}, "num_experts")  # E=16 over 2 ranks
+    assert [b.value for b in bounds] == [2, 24, 32]  # the domain's minimum (one expert per rank), between, 2x
+    for b in bounds:
+        d = b.profile.dims
+        desc = defn.describe(make_case(defn, b.profile, 0, 0))
+        assert (desc.num_experts, desc.world_size, d["E_L"], d["rank"]) == (b.value, 2, b.value // 2, 1)
+        assert desc.top_k == min(4, b.value)
+
+
+def test_moe_block_world_size_splits_the_same_experts_wider():
+    defn, bounds = _bounds("moe.block_tkg", {"t16_all_expert_ep_mxfp4[bfloat16]"}, "world_size")  # E=16 over 4, rank 2
+    assert {b.value: (b.profile.dims["E_L"], b.profile.dims["rank"]) for b in bounds} == {1: (16, 0), 8: (2, 4)}
+    # a declared maximum past the experts reaches the widest whole split (one expert per rank)
+    defn, bounds = _bounds("moe.block_tkg", {"t16_all_expert_ep_mxfp4[bfloat16]"}, "world_size",
+                           {"world_size": {"range": [4, 64]}})
+    assert [b.value for b in bounds] == [16]
+    assert defn.describe(make_case(defn, bounds[0].profile, 0, 0)).num_experts == 16
+
+
+@pytest.mark.parametrize("slot", ["attention.msa_block_score", "attention.msa_prefill_block_score"])
+def test_msa_kv_heads_are_fixed_by_the_signature(slot):
+    """One index-key head serves every query head (no head axis in index_k): nothing to extend,
+    and the verified envelope routes num_kv_heads = 1 only."""
+    defn = get_slot(slot)
+    assert "num_kv_heads" not in {f for f, *_ in defn.sizes}
+    small = min(defn.profiles, key=lambda p: case_bytes(make_case(defn, p, 0, 0)))
+    env = verified_envelope([describe(defn, make_case(defn, small, 0, 0), small, "cpu")])
+    assert env["num_kv_heads"] == [1, 1]
+    assert not envelope_domain(env).matches(CallDescriptor(num_kv_heads=2))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -433,10 +434,28 @@ def _width(key: str):
     return lambda d, n: {**d, key: multiple_of(n, 32) if d.get("format", "dense") != "dense" else n}
 
 
-# Envelope sizes (verify/envelope.py); top_k stays at most the experts (num_experts and world
-# size are recorded as observed: the expert-parallel split is not one dimension).
+def _experts(d: dict, n: int) -> dict:
+    """A fit for num_experts (the model's E): the world size kept, so E is a multiple of it and
+    each rank's slice E_L = E / world grows along (this rank keeps its index); K at most E."""
+    world = d["E"] // d.get("E_L", d["E"])
+    total = multiple_of(n, world)
+    return {**d, "E": total, "K": min(d["K"], total), **({"E_L": total // world} if "E_L" in d else {})}
+
+
+def _world(d: dict, n: int) -> dict | None:
+    """A fit for world_size (the expert-parallel ranks): E kept and split into the divisor of E
+    nearest ``n`` (so every rank holds E_L = E / world whole experts); this rank keeps its place
+    in the expert order (rank·world'/world), so its slice is a part of the one it held."""
+    total, world = d["E"], d["E"] // d.get("E_L", d["E"])
+    new = min((w for w in range(1, total + 1) if total % w == 0), key=lambda w: (abs(math.log(w / n)), -w))
+    return {**d, "E_L": total // new, "rank": d.get("rank", 0) * new // world}
+
+
+# Envelope sizes (verify/envelope.py); top_k stays at most the experts, and the expert-parallel
+# split stays whole (num_experts moves E with the world size kept; world_size moves E_L with E kept).
 _SIZES = (("num_tokens", "T"), ("top_k", "K", lambda d, n: {**d, "K": n} if n <= d["E"] else None),
-          ("hidden_size", "H", _width("H")), ("intermediate_size", "I", _width("I")))
+          ("hidden_size", "H", _width("H")), ("intermediate_size", "I", _width("I")),
+          ("num_experts", "E", _experts), ("world_size", "E_L", _world))
 
 
 # MX profiles: the reference quantises the expert input and the SwiGLU intermediate to MXFP8

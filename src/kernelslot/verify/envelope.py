@@ -82,10 +82,14 @@ def boundary_profiles(defn: SlotDef, cand: Candidate, ran: list[tuple[Profile, C
     """Profiles at ``cand``'s domain boundaries for every field ``defn.sizes`` can set.
 
     ``ran``: (profile, descriptor) of the profiles that ran on ``cand``; ``make_case(profile)``
-    builds a case (for the memory estimate). A size entry's ``fit(dims, target)`` (if any) builds
-    the dims of a valid case near ``target`` (e.g. query heads a multiple of kv heads); without one
-    the dimension is set to the target. Fields clipped for memory are explained in ``clipped``;
-    ``fields`` (None: all) limits which size fields are extended (the others stay as observed).
+    builds a case (for the memory estimate, and to read the value a boundary reached). A size
+    entry's ``fit(dims, target)`` (if any) builds the dims of a valid case near ``target`` (e.g.
+    query heads a multiple of kv heads); without one the dimension is set to the target. A
+    boundary is named by the value its case's descriptor reaches (a fit may move several
+    dimensions, or land short of the target); one that reaches a value already verified, or
+    reached by another boundary, is dropped. Fields clipped for memory are explained in
+    ``clipped``; ``fields`` (None: all) limits which size fields are extended (the others stay
+    as observed).
     """
     out: list[Boundary] = []
     memo: dict[str, int] = {}
@@ -124,8 +128,11 @@ def boundary_profiles(defn: SlotDef, cand: Candidate, ran: list[tuple[Profile, C
             dims = fit(dict(base.dims), target)
             if dims is None or dims == dict(base.dims) or any(b.field == field and b.profile.dims == dims for b in out):
                 continue  # no valid case there, or the same case as another boundary (clipped to one size)
-            value = dims[key] if isinstance(dims.get(key), int) else target  # the value the fit chose
-            out.append(Boundary(dataclasses.replace(base, name=f"{base.name}@{field}={value}", dims=dims), field, value))
+            profile = dataclasses.replace(base, dims=dims)
+            value = defn.describe(make_case(profile)).get(field)  # the value the fit reached
+            if value in values or any(b.field == field and b.value == value for b in out):
+                continue  # the fit landed on a size that already ran, or will
+            out.append(Boundary(dataclasses.replace(profile, name=f"{base.name}@{field}={value}"), field, value))
     return out
 
 
