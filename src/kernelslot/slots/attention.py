@@ -247,15 +247,17 @@ def _decode_reference(case: Case, ids: torch.Tensor | None = None, whole_blocks:
     out = torch.zeros(bsz, hq, d, dtype=torch.float64)
     ids = (inp["topk_idx"] if ids is None else ids).tolist()
     seq_lens, pool_rows = inp["seq_lens"].tolist(), inp["req_pool_indices"].tolist()
+    offsets = torch.arange(bs)
     for b in range(bsz):
         end = inp["req_to_token"].shape[1] if whole_blocks else seq_lens[b]
         page_row = inp["req_to_token"][pool_rows[b]]
         for g in range(hkv):
-            blocks = [j for j in ids[g][b] if j >= 0] if repeats_count else {j for j in ids[g][b] if j >= 0}
-            tokens = sorted(t for j in blocks for t in range(j * bs, min((j + 1) * bs, end)))
-            if not tokens:
+            blocks = sorted(j for j in (ids[g][b] if repeats_count else set(ids[g][b])) if j >= 0)
+            tokens = (torch.tensor(blocks, dtype=torch.long).view(-1, 1) * bs + offsets).flatten()
+            tokens = tokens[tokens < end]  # each block's tokens in order, cut at the request's end
+            if not tokens.numel():
                 continue  # nothing to attend: the output stays 0
-            slots = page_row[torch.tensor(tokens)].long()
+            slots = page_row[tokens].long()
             keys = inp["k_cache"][slots, g].double()  # (n, D)
             values = inp["v_cache"][slots, g].double()
             heads = slice(g * group, (g + 1) * group)
