@@ -18,7 +18,7 @@ time (``x peer cpu``: robust to a shared machine; run with ``--threads 1`` for a
 no scheduler noise can skew); the torch and transformers comparisons are skipped in that mode.
 
 Usage: python benchmarks/moe_decode.py [--quick] [--json FILE] [--iters N] [--threads N]
-       [--no-transformers] [--peer-lib PATH] [--cycles]
+       [--no-transformers] [--peer-lib PATH] [--cycles [--formats F,...]]
 
 ``--cycles`` prints only the hot single-thread kernel cost per 32 weights (see decode_cycles).
 """
@@ -38,6 +38,7 @@ import ctypes
 
 import torch
 
+from kernelslot.formats import quantize_mx
 from kernelslot.kernels.moe_block import ScalingMode, selective_experts
 from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
 from kernelslot.kernels.native import (
@@ -61,6 +62,7 @@ class Case:
     note: str = ""
     mx_path: bool = False      # the block's MX path: MXFP8 activations (quantize_activations)
     transformers: bool = True  # False where a bf16 copy of the layer does not fit in memory
+    gauss: bool = False        # FP8: quantised Gaussian weights instead of random codes
 
 
 # MiniMax-M3 layers are large (NVFP4 4.0 GB, bf16 14.5 GB at 128 experts): one NVFP4 layer is
@@ -94,9 +96,20 @@ def random_experts(c: Case, gen: torch.Generator) -> ExpertWeights:
     if c.fmt == "mxfp4":
         return ExpertWeights("mxfp4", u8(E, 2 * I, H // 2), u8(E, H, I // 2),
                              u8(E, 2 * I, H // 32, lo=118, hi=123), u8(E, H, I // 32, lo=118, hi=123))
+    if c.fmt in ("mxfp8", "fp8_row") and c.gauss:  # realistic codes: subnormal / zero codes are rare
+        mats = [torch.randn(E, 2 * I, H, generator=gen) * 0.02, torch.randn(E, H, I, generator=gen) * 0.02]
+        if c.fmt == "mxfp8":
+            (gd, gs), (dd, ds) = (quantize_mx(m, "fp8_e4m3") for m in mats)
+            return ExpertWeights("mxfp8", gd, dd, gs, ds)
+        scales = [m.abs().amax(-1) / 448.0 for m in mats]
+        gq, dq = ((m / sc.unsqueeze(-1)).to(torch.float8_e4m3fn) for m, sc in zip(mats, scales))
+        return ExpertWeights("fp8_row", gq, dq, *scales)
     if c.fmt == "mxfp8":
         return ExpertWeights("mxfp8", u8(E, 2 * I, H), u8(E, H, I),
                              u8(E, 2 * I, H // 32, lo=118, hi=123), u8(E, H, I // 32, lo=118, hi=123))
+    if c.fmt == "fp8_row":
+        return ExpertWeights("fp8_row", u8(E, 2 * I, H).view(torch.float8_e4m3fn), u8(E, H, I).view(torch.float8_e4m3fn),
+                             torch.full((E, 2 * I), 1e-4), torch.full((E, H), 1e-4))
     if c.fmt == "nvfp4":
         e4m3 = lambda *s: u8(*s, lo=0x30, hi=0x48).view(torch.float8_e4m3fn)  # 2^-1 .. 2^1
         return ExpertWeights("nvfp4", u8(E, 2 * I, H // 2), u8(E, H, I // 2), e4m3(E, 2 * I, H // 16),
@@ -318,16 +331,21 @@ def cpu_mhz() -> float | None:
         return None
 
 
-def decode_cycles(gen: torch.Generator, iters: int) -> list[dict]:
+CYCLE_FORMATS = ("mxfp4", "nvfp4", "mxfp8", "bf16")
+# also accepted by --formats: fp8_row (random codes), mxfp8-gauss / fp8_row-gauss (quantised Gaussian)
+
+
+def decode_cycles(gen: torch.Generator, iters: int, formats=CYCLE_FORMATS) -> list[dict]:
     """Kernel cost per 32 weights, hot: one thread, one expert (H = I = 1024, L2/L3-resident),
     all T tokens routed to it; thread CPU time (robust to a shared machine), minimum of
     ``iters`` calls, so call overheads are included. ``marginal``: the same at H = I = 2048
     minus H = I = 1024, per extra 32 weights — the per-call overheads (Python, allocation,
     thread pool) cancel; per-element work (activation quantisation, epilogue) stays. Cycles at
-    the nominal clock."""
+    the nominal clock. ``mxfp8`` / ``fp8_row`` use random codes (1/16 with exponent 0, i.e. zero or
+    subnormal); the ``-gauss`` variants quantised Gaussian weights (MXFP8: on the MX path)."""
     mhz, records = cpu_mhz(), []
     print(f"\n== decode cost, hot, 1 thread (1 expert); cycles at {mhz or '?'} MHz")
-    print(f"{'format':>7} {'T':>3} {'ns/32w':>7} {'cyc/32w':>8} {'cyc/32w/token':>14} {'marginal':>9}")
+    print(f"{'format':>12} {'T':>3} {'ns/32w':>7} {'cyc/32w':>8} {'cyc/32w/token':>14} {'marginal':>9}")
 
     def best(prep, T, n):
         x, out = torch.randn(T, n, generator=gen), torch.zeros(T, n)
@@ -339,10 +357,11 @@ def decode_cycles(gen: torch.Generator, iters: int) -> list[dict]:
             ts.append(time.thread_time() - t)
         return min(ts)
     prep_mx = {}
-    for fmt in ("mxfp4", "nvfp4", "mxfp8", "bf16"):
+    for fmt in formats:
         preps = {}
+        base = fmt.removesuffix("-gauss")
         for n in (1024, 2048):
-            c = Case("hot", fmt, 1, n, n, 1, 1, mx_path=fmt in ("mxfp4", "mxfp8"))
+            c = Case("hot", base, 1, n, n, 1, 1, mx_path=base in ("mxfp4", "mxfp8"), gauss=fmt.endswith("-gauss"))
             preps[n] = prepare_native_experts(random_experts(c, gen))
             prep_mx[id(preps[n])] = c.mx_path
         for T in (1, 2, 8, 16):
@@ -351,7 +370,7 @@ def decode_cycles(gen: torch.Generator, iters: int) -> list[dict]:
             ns, marg = t1 / blocks1 * 1e9, (t2 - t1) / (blocks2 - blocks1) * 1e9
             cyc = ns * mhz / 1e3 if mhz else float("nan")
             mcyc = marg * mhz / 1e3 if mhz else float("nan")
-            print(f"{fmt:>7} {T:>3} {ns:7.2f} {cyc:8.2f} {cyc / T:14.2f} {mcyc:9.2f}", flush=True)
+            print(f"{fmt:>12} {T:>3} {ns:7.2f} {cyc:8.2f} {cyc / T:14.2f} {mcyc:9.2f}", flush=True)
             records.append({"format": fmt, "T": T, "ns_per_32_weights": ns, "cycles_per_32_weights": cyc,
                             "marginal_cycles_per_32_weights": mcyc})
     return records
@@ -363,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="GPT-OSS-20B shape, MXFP4 / NVFP4 / MXFP8 / bf16, T=1 and T=8 only")
     ap.add_argument("--peer-lib", metavar="SO", help="ggml peer library built by benchmarks/peer_moe.sh")
     ap.add_argument("--cycles", action="store_true", help="only the hot decode cost in cycles per 32 weights")
+    ap.add_argument("--formats", default=",".join(CYCLE_FORMATS),
+                    help="--cycles: comma-separated formats (also fp8_row, mxfp8-gauss, fp8_row-gauss)")
     ap.add_argument("--json", metavar="FILE", help="write one record per case to FILE")
     ap.add_argument("--iters", type=int, default=21, help="native calls per case (median)")
     ap.add_argument("--threads", type=int, default=default_threads())
@@ -375,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     if args.cycles:
-        cycles = decode_cycles(gen, max(args.iters, 20))
+        cycles = decode_cycles(gen, max(args.iters, 20), tuple(args.formats.split(",")))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"isa": isa, "decode_cycles": cycles}, f, indent=1)

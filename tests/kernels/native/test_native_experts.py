@@ -357,27 +357,73 @@ def _isa_outputs(w: ExpertWeights, x, ids, wts, quant: bool) -> dict[str, torch.
     return outs
 
 
+def _random_code_experts(fmt: str, gen: torch.Generator, subnormals: bool) -> tuple[ExpertWeights, torch.Tensor, torch.Tensor]:
+    """FP8 experts from uniformly random finite E4M3 codes (zeros, both signs; subnormal codes
+    only if ``subnormals``), with their exact dequantisation (gate_up, down) for the reference."""
+    def codes(*shape):
+        u = torch.randint(0, 256, shape, generator=gen, dtype=torch.int32).to(torch.uint8)
+        u = torch.where((u & 0x7F) == 0x7F, u ^ 0x01, u)             # no NaN
+        if not subnormals:                                            # exponent 0, mantissa != 0 -> exponent 1
+            u = torch.where(((u & 0x78) == 0) & ((u & 0x07) != 0), u | 0x08, u)
+        return u.view(torch.float8_e4m3fn)
+    gq, dq = codes(E, 2 * I, H), codes(E, H, I)
+    if fmt == "fp8_row":
+        gs, ds = torch.rand(E, 2 * I, generator=gen) * 1e-3, torch.rand(E, H, generator=gen) * 1e-3
+        w = ExpertWeights("fp8_row", gq, dq, gs, ds)
+        return w, gq.float() * gs.unsqueeze(-1), dq.float() * ds.unsqueeze(-1)
+    gs = torch.randint(112, 122, (E, 2 * I, H // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+    ds = torch.randint(112, 122, (E, H, I // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+    w = ExpertWeights("mxfp8", gq, dq, gs, ds)
+    return w, dequantize_mx(gq, gs, "fp8_e4m3"), dequantize_mx(dq, ds, "fp8_e4m3")
+
+
 @pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")
 @pytest.mark.parametrize("subnormals", (True, False))
 @pytest.mark.parametrize("fmt", ("mxfp8", "fp8_row"))
-def test_avx2_fp8_decodes_match_portable(fmt, subnormals):
-    """AVX2 decodes E4M3 by the fp32 bit trick, or through fp16 when some code is subnormal
-    (no denormal operands): both give the portable kernel's numbers up to summation order."""
+def test_avx2_fp8_decode_is_exact_for_every_code_and_activation_scale(fmt, subnormals):
+    """AVX2 decodes E4M3 to value·2^-120 (subnormal codes to fp32 denormals) and scales each
+    activation row by a power of two chosen from its largest element: every code, and rows from
+    2^-40 to 2^40, give the portable kernel's (and the float64 reference's) numbers up to fp32
+    summation order, on the fused (T <= 2) and the decode-once (T > 2) paths."""
     gen = torch.Generator().manual_seed(5)
+    w, gu, dn = _random_code_experts(fmt, gen, subnormals)
+    prep = prepare_native_experts(w)
+    act = ExpertActivation("gelu")
+    row_scale = torch.tensor([2.0 ** -40, 1.0, 2.0 ** 40, 2.0 ** -20, 3.0, 2.0 ** 20])
+    for quant in (False, True):
+        for T in (1, 2, 6):
+            x = torch.randn(T, H, generator=gen) * row_scale[:T].unsqueeze(1)
+            x[0, 7] *= 2.0 ** -30                      # an element far below its row's largest
+            ids, wts = torch.tensor([[0, 2, 4]] * T), torch.ones(T, K)
+            outs = {}
+            for isa in ("portable", "avx2"):
+                outs[isa] = torch.zeros(T, H)
+                expert_mlp_native(x, ids, wts, prep, act, True, quant, outs[isa], isa=isa)
+            ref = _reference(x, ids, wts, w, gu, dn, act, True, quant)
+            for t in range(T):  # per row: the rows differ by up to 2^80 in magnitude
+                a, p, r = outs["avx2"][t].double(), outs["portable"][t].double(), ref[t]
+                assert r.norm() > 0 and torch.isfinite(a).all()
+                assert ((a - p).norm() / p.norm()).item() < 1e-5, (fmt, quant, T, t)
+                assert ((a - r).norm() / r.norm()).item() < (2e-3 if quant else 1e-5), (fmt, quant, T, t)
+
+
+@pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")
+@pytest.mark.parametrize("fmt", ("mxfp8", "fp8_row"))
+def test_avx2_fp8_fused_token_bits_do_not_depend_on_its_partner(fmt):
+    """The fused AVX2 FP8 kernel (<= 2 tokens per expert) sums each token in the same order
+    alone or beside another token, and each token's activation scale is its own: same bits."""
+    gen = torch.Generator().manual_seed(6)
     w, *_ = _make_experts(fmt, gen, True)
-    if not subnormals:  # exponent field 0 with a mantissa -> exponent 1
-        def lift(t):
-            u = t.view(torch.uint8)
-            sub = ((u & 0x78) == 0) & ((u & 0x07) != 0)
-            return torch.where(sub, u | 0x08, u).view(t.dtype)
-        w = ExpertWeights(w.format, lift(w.gate_up), lift(w.down), w.gate_up_scale, w.down_scale,
-                          gate_up_bias=w.gate_up_bias, down_bias=w.down_bias)
-    assert prepare_native_experts(w).struct.fp8_subnormals == int(subnormals)
-    x = torch.randn(5, H, generator=gen)
-    ids, wts = _routing(5, gen)
-    outs = _isa_outputs(w, x, ids, wts, quant=fmt == "mxfp8")
-    ref = outs["portable"]
-    assert ((outs["avx2"] - ref).norm() / ref.norm()).item() < 1e-5
+    prep = prepare_native_experts(w)
+    x = torch.randn(2, H, generator=gen)
+    x[1] *= 2.0 ** 30
+    ids, wts = torch.tensor([[1, 3, 4]] * 2), torch.rand(2, K, generator=gen)
+    both = torch.zeros(2, H)
+    expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, True, both, isa="avx2")
+    for t in range(2):
+        alone = torch.zeros(1, H)
+        expert_mlp_native(x[t:t + 1], ids[t:t + 1], wts[t:t + 1], prep, ACTS["swigluoai"], True, True, alone, isa="avx2")
+        assert torch.equal(alone[0], both[t])
 
 
 @pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")

@@ -75,12 +75,8 @@ static inline float vsum(vf a) { return a; }
 #define R KS_TILE_ROWS
 #define INLINE static inline __attribute__((always_inline))
 
-/* OR'ed into KS_FP8ROW / KS_MXFP8 by the AVX2 kernels when the experts hold E4M3 subnormal
- * codes: decode through fp16 (no fp32 denormal operand; ks_experts.fp8_subnormals). */
-#define FP8_VIA_F16 16
-
 INLINE int data_bytes(int fmt) {
-    switch (fmt & ~FP8_VIA_F16) {
+    switch (fmt) {
     case KS_F32: return 4 * KS_KBLOCK;
     case KS_BF16: case KS_F16: return 2 * KS_KBLOCK;
     case KS_FP8ROW: case KS_MXFP8: return KS_KBLOCK;
@@ -88,7 +84,6 @@ INLINE int data_bytes(int fmt) {
     }
 }
 INLINE int scale_bytes(int fmt) {
-    fmt &= ~FP8_VIA_F16;
     return fmt == KS_MXFP8 || fmt == KS_MXFP4 ? 1 : fmt == KS_NVFP4 ? 2 : 0;
 }
 
@@ -110,13 +105,9 @@ INLINE kctx make_ctx(int fmt, const uint8_t *s) {
         c.a = vmul(vload(ks_e2m1_values), vset1(ks_e4m3_lut[s[0]]));
         c.b = vmul(vload(ks_e2m1_values), vset1(ks_e4m3_lut[s[1]]));
     }
-#else /* AVX2: FP4 tables hold the 8 magnitudes; the sign is OR'ed from the code's bit 3 */
+#else /* AVX2 (FP8: ks_fp8_avx2.c): FP4 tables hold the 8 magnitudes; the sign is OR'ed from the code's bit 3 */
     c.a = c.b = vzero();
-    if (fmt == KS_MXFP8) c.a = vset1(ks_e8m0_p120_lut[s[0]]);
-    else if (fmt == KS_FP8ROW) c.a = vset1(0x1p120f);
-    else if (fmt == (KS_MXFP8 | FP8_VIA_F16)) c.a = vset1(ks_e8m0_p8_lut[s[0]]);
-    else if (fmt == (KS_FP8ROW | FP8_VIA_F16)) c.a = vset1(0x1p8f);
-    else if (fmt == KS_MXFP4) c.a = c.b = vmul(vload(ks_e2m1_values), vset1(ks_e8m0_lut[s[0]]));
+    if (fmt == KS_MXFP4) c.a = c.b = vmul(vload(ks_e2m1_values), vset1(ks_e8m0_lut[s[0]]));
     else if (fmt == KS_NVFP4) {
         c.a = vmul(vload(ks_e2m1_values), vset1(ks_e4m3_lut[s[0]]));
         c.b = vmul(vload(ks_e2m1_values), vset1(ks_e4m3_lut[s[1]]));
@@ -168,21 +159,7 @@ INLINE vf dequant(int fmt, const uint8_t *d, int j, kctx c) {
         return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
     }
     case KS_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + 16 * j)));
-    case KS_FP8ROW: case KS_MXFP8: {
-        __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(d + 8 * j)));
-        w = _mm256_and_si256(_mm256_slli_epi32(w, 20), _mm256_set1_epi32((int)0x87F00000u));
-        return _mm256_mul_ps(_mm256_castsi256_ps(w), c.a);
-    }
-    case KS_FP8ROW | FP8_VIA_F16: case KS_MXFP8 | FP8_VIA_F16: {
-        /* byte b in the high byte of a word, >> 1 (arithmetic), bit 14 cleared: the fp16 with
-         * E4M3's exponent and mantissa bits = value * 2^-8 exactly, subnormals included (fp16
-         * subnormals are converted by vcvtph2ps), so no fp32 denormal reaches a multiply */
-        const __m128i b = _mm_loadl_epi64((const __m128i *)(d + 8 * j));
-        const __m128i h = _mm_and_si128(_mm_srai_epi16(_mm_unpacklo_epi8(_mm_setzero_si128(), b), 1),
-                                        _mm_set1_epi16((short)0xBFFF));
-        return _mm256_mul_ps(_mm256_cvtph_ps(h), c.a);
-    }
-    default: {
+    default: { /* MXFP4 / NVFP4 (FP8 never reaches here: ks_fp8_avx2.c) */
         __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(d + 8 * (j & 1))));
         if (j >= 2) idx = _mm256_srli_epi32(idx, 4);
         __m256 mag = _mm256_permutevar8x32_ps(j >= 2 ? c.b : c.a, idx);
@@ -242,23 +219,13 @@ static void tile_dot_any(int fmt, int nt, const uint8_t *tile, int nkb, const fl
     case KS_F32: NT_SWITCH(KS_F32) break;
     case KS_BF16: NT_SWITCH(KS_BF16) break;
     case KS_F16: NT_SWITCH(KS_F16) break;
+#if KS_ISA != 1
     case KS_FP8ROW: NT_SWITCH(KS_FP8ROW) break;
     case KS_MXFP8: NT_SWITCH(KS_MXFP8) break;
+#endif
     case KS_MXFP4: NT_SWITCH(KS_MXFP4) break;
     case KS_NVFP4: NT_SWITCH(KS_NVFP4) break;
-#if KS_ISA == 1
-    case KS_FP8ROW | FP8_VIA_F16: NT_SWITCH(KS_FP8ROW | FP8_VIA_F16) break;
-    case KS_MXFP8 | FP8_VIA_F16: NT_SWITCH(KS_MXFP8 | FP8_VIA_F16) break;
-#endif
     }
-}
-
-/* The format the tile kernels decode (see FP8_VIA_F16). */
-static int kernel_format(const ks_experts *ex) {
-#if KS_ISA == 1
-    if ((ex->format == KS_FP8ROW || ex->format == KS_MXFP8) && ex->fp8_subnormals) return ex->format | FP8_VIA_F16;
-#endif
-    return ex->format;
 }
 
 #if KS_ISA == 3
@@ -366,7 +333,8 @@ static void tile_dot_bf16_any(int nt, const uint8_t *tile, int nkb, const uint16
 }
 #endif
 
-/* A thread's scratch for decoded tiles (grown on demand, kept for the thread's lifetime). */
+#if KS_ISA == 1
+/* A thread's scratch for the AVX2 FP4 / integer decoded tiles (grown on demand, kept for the thread's lifetime). */
 static __thread float *tl_buf;
 static __thread size_t tl_cap;
 
@@ -378,52 +346,80 @@ static float *scratch(size_t n) {
     }
     return tl_buf;
 }
+#endif
 
-/* Dequantise a whole tile into buf[r * K + k] (K = nkb * 32), exactly, scales applied. */
-static void decode_rows(int fmt, const uint8_t *tile, int nkb, float *buf) {
-    const int DB = data_bytes(fmt), SB = scale_bytes(fmt), BS = R * (DB + SB), K = nkb * KS_KBLOCK;
-    for (int kb = 0; kb < nkb; ++kb) {
-        const uint8_t *blk = tile + (int64_t)kb * BS;
+#define KC 8 /* blocks per decode-once chunk: 4 rows x 256 fp32 weights = 4 KB, L1-resident */
+
+/* Blocks [kb0, kb0 + nb) of a tile, dequantised exactly (scales applied) into buf[block][row][32]. */
+static void decode_chunk(int fmt, const uint8_t *tile, int kb0, int nb, float *buf) {
+#if KS_ISA == 1
+    if (fmt == KS_FP8ROW || fmt == KS_MXFP8) { /* in the permuted order of ks_fp8_act_avx2 */
+        ks_fp8_decode_chunk_avx2(fmt == KS_MXFP8, tile, kb0, nb, buf);
+        return;
+    }
+#endif
+    const int DB = data_bytes(fmt), SB = scale_bytes(fmt), BS = R * (DB + SB);
+    for (int k = 0; k < nb; ++k) {
+        const uint8_t *blk = tile + (int64_t)(kb0 + k) * BS;
         for (int off = 0; off < BS; off += 64) PREFETCH(blk + KS_PREFETCH + off);
         for (int r = 0; r < R; ++r) {
             const kctx c = make_ctx(fmt, blk + R * DB + r * SB);
-            for (int j = 0; j < NV; ++j) vstore(buf + (int64_t)r * K + kb * KS_KBLOCK + j * VL, dequant(fmt, blk + r * DB, j, c));
+            for (int j = 0; j < NV; ++j) vstore(buf + (k * R + r) * KS_KBLOCK + j * VL, dequant(fmt, blk + r * DB, j, c));
         }
     }
 }
 
-/* res[r * nt + t] = <row r of a decoded tile, xs[t]> for nt <= NT_MAX tokens. */
-INLINE void rows_dot(const int nt, const float *buf, int K, const float *const *xs, float *res) {
-    vf acc[R][NT_MAX];
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < nt; ++t) acc[r][t] = vzero();
-    for (int k = 0; k < K; k += VL) {
+/* acc[t][r] (kept in memory between chunks) += a decoded chunk of nb blocks, starting at
+ * block kb0 of the activations, for nt <= NT_MAX tokens: 4 x nt accumulator chains, each
+ * summing in k order (so chunking does not change the bits). */
+INLINE void chunk_dot(const int nt, const float *buf, int kb0, int nb, const float *const *xs, vf (*acc)[R]) {
+    vf a[NT_MAX][R];
+    for (int t = 0; t < nt; ++t)
+        for (int r = 0; r < R; ++r) a[t][r] = acc[t][r];
+    for (int k = 0; k < nb * KS_KBLOCK; k += VL) {
+        const float *b = buf + (k / KS_KBLOCK) * R * KS_KBLOCK + k % KS_KBLOCK;
         vf w[R];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) w[r] = vload(buf + (int64_t)r * K + k);
+        for (int r = 0; r < R; ++r) w[r] = vload(b + r * KS_KBLOCK);
 #pragma GCC unroll 8
         for (int t = 0; t < nt; ++t) {
-            const vf x = vload(xs[t] + k);
+            const vf x = vload(xs[t] + (int64_t)kb0 * KS_KBLOCK + k);
 #pragma GCC unroll 4
-            for (int r = 0; r < R; ++r) acc[r][t] = vfma(w[r], x, acc[r][t]);
+            for (int r = 0; r < R; ++r) a[t][r] = vfma(w[r], x, a[t][r]);
         }
     }
-    for (int r = 0; r < R; ++r)
-        for (int t = 0; t < nt; ++t) res[r * nt + t] = vsum(acc[r][t]);
+    for (int t = 0; t < nt; ++t)
+        for (int r = 0; r < R; ++r) acc[t][r] = a[t][r];
 }
 
-static void rows_dot_any(int nt, const float *buf, int K, const float *const *xs, float *res) {
-    switch (nt) {
-    case 1: rows_dot(1, buf, K, xs, res); break;
-    case 2: rows_dot(2, buf, K, xs, res); break;
+/* Decode-once for n <= KS_GROUP_MAX tokens: each chunk of the tile is decoded once and every
+ * token's dot runs over it while it is in L1, so an extra token costs its FMAs only.
+ * out[r * n + t]. */
+static void tile_batch(int fmt, int n, const uint8_t *tile, int nkb, const float *const *xs, float *out) {
+    float buf[R * KC * KS_KBLOCK] __attribute__((aligned(64)));
+    vf acc[KS_GROUP_MAX][R];
+    for (int t = 0; t < n; ++t)
+        for (int r = 0; r < R; ++r) acc[t][r] = vzero();
+    for (int kb0 = 0; kb0 < nkb; kb0 += KC) {
+        const int nb = nkb - kb0 < KC ? nkb - kb0 : KC;
+        decode_chunk(fmt, tile, kb0, nb, buf);
+        for (int lo = 0; lo < n; lo += NT_MAX) {
+            const float *const *x = xs + lo;
+            switch (n - lo < NT_MAX ? n - lo : NT_MAX) {
+            case 1: chunk_dot(1, buf, kb0, nb, x, acc + lo); break;
 #if NT_MAX >= 4
-    case 3: rows_dot(3, buf, K, xs, res); break;
-    case 4: rows_dot(4, buf, K, xs, res); break;
+            case 3: chunk_dot(3, buf, kb0, nb, x, acc + lo); break;
+            case 4: chunk_dot(4, buf, kb0, nb, x, acc + lo); break;
 #endif
 #if NT_MAX >= 5
-    case 5: rows_dot(5, buf, K, xs, res); break;
+            case 5: chunk_dot(5, buf, kb0, nb, x, acc + lo); break;
 #endif
+            default: chunk_dot(2, buf, kb0, nb, x, acc + lo); break;
+            }
+        }
     }
+    for (int t = 0; t < n; ++t)
+        for (int r = 0; r < R; ++r) out[r * n + t] = vsum(acc[t][r]);
 }
 
 /* The activations of one group's n pairs in every layout a kernel may read. */
@@ -433,6 +429,8 @@ typedef struct {
     const uint16_t *xb[KS_GROUP_MAX];
     ks_mxplanes xi[KS_GROUP_MAX];
     const ks_mxplanes *xip[KS_GROUP_MAX];  /* &xi[t] when the planes exist, else NULL */
+    const float *xf[KS_GROUP_MAX];         /* AVX2 FP8 layout (ks_fp8_act_avx2), else NULL */
+    float xf_unscale[KS_GROUP_MAX];
 } group_x;
 
 /* out[r * n + i] = <row r of tile tp, activations of pair i> for all n (<= KS_GROUP_MAX) pairs of a group:
@@ -440,7 +438,6 @@ typedef struct {
  * chunk of tokens.  Every path multiplies the same exact weights; only fp32 summation order
  * differs between paths (never with the thread count). */
 static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, int n, float *out) {
-    const int K = nkb * KS_KBLOCK;
     float res[R * 8];
 #define SCATTER(lo, nt) for (int r = 0; r < R; ++r) for (int t = 0; t < (nt); ++t) out[r * n + (lo) + t] = res[r * (nt) + t]
 #if KS_ISA == 3
@@ -473,6 +470,16 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
         }
         return;
     }
+    if (gx->xf[0]) { /* MXFP8 / FP8-row (ks_fp8_avx2.c); results carry 2^a per token */
+        if (n > 2) tile_batch(fmt, n, tp, nkb, gx->xf, out);
+        else {
+            ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, n, tp, nkb, gx->xf, res);
+            SCATTER(0, n);
+        }
+        for (int r = 0; r < R; ++r)
+            for (int t = 0; t < n; ++t) out[r * n + t] *= gx->xf_unscale[t];
+        return;
+    }
     if (gx->xd[0]) {
         const int nv = fmt == KS_NVFP4, bs = ks_block_bytes(fmt);
         if (n <= 2) {
@@ -480,7 +487,7 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
             SCATTER(0, n);
             return;
         }
-        float *buf = scratch((size_t)R * K);
+        float *buf = scratch((size_t)R * nkb * KS_KBLOCK);
         if (buf) {
             ks_fp4_tile_decode_avx2(nv, tp, nkb, bs, buf);
             for (int lo = 0; lo < n; lo += 6) {
@@ -498,13 +505,10 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
         return;
     }
 #endif
-    float *buf = n > NT_MAX ? scratch((size_t)R * K) : NULL;
-    if (buf) decode_rows(fmt, tp, nkb, buf);
-    for (int lo = 0; lo < n; lo += NT_MAX) {
-        const int nt = n - lo < NT_MAX ? n - lo : NT_MAX;
-        if (buf) rows_dot_any(nt, buf, K, gx->x + lo, res);
-        else tile_dot_any(fmt, nt, tp, nkb, gx->x + lo, res);
-        SCATTER(lo, nt);
+    if (n > NT_MAX) tile_batch(fmt, n, tp, nkb, gx->x, out);
+    else {
+        tile_dot_any(fmt, n, tp, nkb, gx->x, res);
+        SCATTER(0, n);
     }
 #undef SCATTER
 }
@@ -531,9 +535,11 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
             gx.xb[t] = c->xb ? c->xb + tok * 2 * H : NULL;
             if (c->xi) gx.xi[t] = ks_planes_row(c->xi, tok, H);
             gx.xip[t] = c->xi ? &gx.xi[t] : NULL;
+            gx.xf[t] = c->xf ? c->xf + tok * H : NULL;
+            gx.xf_unscale[t] = c->xf ? c->xf_unscale[tok] : 1.0f;
         }
         for (int tile = t0; tile < t1; ++tile) {
-            group_tile(kernel_format(ex), base + (int64_t)tile * ex->gu_tile_stride, nkb, &gx, n, res);
+            group_tile(ex->format, base + (int64_t)tile * ex->gu_tile_stride, nkb, &gx, n, res);
             for (int p = 0; p < 2; ++p) {
                 const int i = 2 * tile + p;
                 float sg = outer, su = outer;
@@ -580,9 +586,11 @@ void SUFFIX(ks_down)(const ks_call *c, int tid, int nth) {
             gx.xb[t] = c->inter_b ? c->inter_b + pi * 2 * I : NULL;
             if (c->inter_i) gx.xi[t] = ks_planes_row(c->inter_i, pi, I);
             gx.xip[t] = c->inter_i ? &gx.xi[t] : NULL;
+            gx.xf[t] = c->inter_f ? c->inter_f + pi * I : NULL;
+            gx.xf_unscale[t] = c->inter_f ? c->inter_f_unscale[pi] : 1.0f;
         }
         for (int tile = t0; tile < t1; ++tile) {
-            group_tile(kernel_format(ex), base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);
+            group_tile(ex->format, base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);
             for (int r = 0; r < R; ++r) {
                 const int h = R * tile + r;
                 const float s = rs ? outer * rs[h] : outer;

@@ -12,7 +12,6 @@
 float ks_e4m3_lut[256];
 float ks_e8m0_lut[256];
 float ks_e8m0_p120_lut[256];
-float ks_e8m0_p8_lut[256];
 uint8_t ks_fp4_bf16[2][256][32];
 const float ks_e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -37,7 +36,6 @@ __attribute__((constructor)) static void ks_init_tables(void) {
         ks_e4m3_lut[b] = (b & 0x80) ? -v : v;
         ks_e8m0_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 127);
         ks_e8m0_p120_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 7);
-        ks_e8m0_p8_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 119);
     }
     for (int kind = 0; kind < 2; ++kind)
         for (int b = 0; b < 256; ++b)
@@ -221,7 +219,22 @@ static void run_task(ks_task *k) {
     const float *x = k->xq ? k->xq : k->h;
     if (k->call->xb) ks_to_bf16_dup(x + lo * H, (uint16_t *)k->call->xb + lo * 2 * H, (hi - lo) * H);
     if (k->call->xd) ks_to_fp4pair(x + lo * H, (float *)k->call->xd + lo * 2 * H, (hi - lo) * H);
+#if defined(__x86_64__)
+    if (k->call->xf)
+        for (int64_t t = lo; t < hi; ++t)
+            ((float *)k->call->xf_unscale)[t] = ks_fp8_act_avx2(x + t * H, H, (float *)k->call->xf + t * H);
+#endif
 }
+
+#if defined(__x86_64__)
+/* Between gate/up and down (AVX2 FP8): the intermediate rows in the ks_fp8_act_avx2 layout;
+ * a row's scale needs the whole row, which the gate/up threads each wrote a slice of. */
+static void inter_fp8_phase(const ks_call *c, int tid, int nth) {
+    const int64_t I = c->ex->inter, P = c->num_pairs;
+    for (int64_t p = P * tid / nth; p < P * (tid + 1) / nth; ++p)
+        c->inter_f_unscale[p] = ks_fp8_act_avx2(c->inter + p * I, I, c->inter_f + p * I);
+}
+#endif
 
 static void task_main(void *arg, int tid, int nth) {
     ks_task k = *(const ks_task *)arg;
@@ -275,11 +288,17 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     uint16_t *inter_b = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
     const int mxint_path = isa == KS_ISA_AVX2 && quant_act && ex->format == KS_MXFP4;
     const int fp4pair_path = isa == KS_ISA_AVX2 && !mxint_path && (ex->format == KS_MXFP4 || ex->format == KS_NVFP4);
+    const int fp8_path = isa == KS_ISA_AVX2 && (ex->format == KS_FP8ROW || ex->format == KS_MXFP8);
+    float *xf = fp8_path ? malloc(sizeof(float) * (size_t)(T * ex->hidden + T + 1)) : NULL;
+    float *inter_f = fp8_path ? malloc(sizeof(float) * (size_t)(P_max * ex->inter + P_max + 1)) : NULL;
     ks_mxplanes xi = {0}, ii = {0};
     float *xd = fp4pair_path ? malloc(sizeof(float) * (size_t)(2 * T * ex->hidden + 1)) : NULL;
     float *inter_d = fp4pair_path ? malloc(sizeof(float) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
     if (!count || !pair_token || !pair_weight || !groups || !inter || (quant_act && !xq) ||
-        (bf16_path && (!xb || !inter_b)) || (fp4pair_path && (!xd || !inter_d))) { rc = -3; goto done; }
+        (bf16_path && (!xb || !inter_b)) || (fp4pair_path && (!xd || !inter_d)) || (fp8_path && (!xf || !inter_f))) {
+        rc = -3;
+        goto done;
+    }
     if (mxint_path && (planes_alloc(&xi, T * ex->hidden) || planes_alloc(&ii, P_max * ex->inter))) { rc = -3; goto done; }
 
     /* Counting sort of the routed pairs by expert, token order kept inside an expert. */
@@ -302,18 +321,27 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     if (ng == 0) goto done;
     if (nthreads > ex->inter / KS_KBLOCK) nthreads = ex->inter / KS_KBLOCK;
 
+    const int64_t P = count[E]; /* routed pairs */
     ks_call call = {ex, act, quant_act ? xq : h, T, groups, ng, pair_token, pair_weight, inter, quant_act, out,
-                    xb, inter_b, xd, inter_d, mxint_path ? &xi : NULL, mxint_path ? &ii : NULL};
+                    xb, inter_b, xd, inter_d, mxint_path ? &xi : NULL, mxint_path ? &ii : NULL,
+                    xf, xf ? xf + T * ex->hidden : NULL, inter_f, inter_f ? inter_f + P_max * ex->inter : NULL, P};
     ks_task proto = {&call, h, xq, NULL, 0, 1};
     ks_pool_lock();
-    if (quant_act || xd) run_phase(proto, T < nthreads ? (int)T : nthreads);
+    if (quant_act || xd || xf) run_phase(proto, T < nthreads ? (int)T : nthreads);
     proto.fn = gu;
     run_phase(proto, nthreads);
+#if defined(__x86_64__)
+    if (inter_f) {
+        proto.fn = inter_fp8_phase;
+        run_phase(proto, P < nthreads ? (int)P : nthreads);
+    }
+#endif
     proto.fn = dn;
     run_phase(proto, nthreads);
     ks_pool_unlock();
 done:
     free(count); free(pair_token); free(pair_weight); free(groups); free(inter); free(xq); free(xb); free(inter_b); free(xd); free(inter_d);
+    free(xf); free(inter_f);
     planes_free(&xi); planes_free(&ii);
     return rc;
 }

@@ -37,7 +37,6 @@ typedef struct {
     const float *gu_bias;        /* (E, 2I) or NULL */
     const float *dn_bias;        /* (E, H) or NULL */
     int32_t bf16_scales_ok;      /* mxfp4: every E8M0 scale byte in [2, 252] (bf16 MX path) */
-    int32_t fp8_subnormals;      /* fp8_row / mxfp8: some E4M3 code is subnormal (AVX2 decodes via fp16) */
 } ks_experts;
 
 typedef struct {
@@ -88,6 +87,11 @@ typedef struct {
     float *inter_d;              /* AVX2 FP4 path: (P, 2I) fp4pair intermediate, else NULL */
     const ks_mxplanes *xi;       /* AVX2 MX path (MXFP4): planes of x (T rows of H), else NULL */
     const ks_mxplanes *inter_i;  /* AVX2 MX path (MXFP4): planes of the intermediate (P rows of I) */
+    const float *xf;             /* AVX2 FP8: x (T, H) permuted and scaled (ks_fp8_act_avx2), else NULL */
+    const float *xf_unscale;     /* AVX2 FP8: (T,) the 2^-a of each row of xf */
+    float *inter_f;              /* AVX2 FP8: (P, I) the intermediate likewise (its own phase) */
+    float *inter_f_unscale;      /* AVX2 FP8: (P,) */
+    int64_t num_pairs;           /* P: routed (token, expert) pairs */
 } ks_call;
 
 /* Bytes of one contraction block of a tile (data then scales of its KS_TILE_ROWS rows). */
@@ -114,6 +118,12 @@ void ks_mxint_tile_fused_avx2(int nt, const uint8_t *tile, int nkb, const ks_mxp
 size_t ks_mxint_scratch_bytes(int nkb);
 void ks_mxint_tile_decode_avx2(const uint8_t *tile, int nkb, void *buf);
 void ks_mxint_dot_avx2(int nt, const void *buf, int nkb, const ks_mxplanes *const *x, float *res);
+/* AVX2 FP8 kernels (ks_fp8_avx2.c); mx = 1 for MXFP8, 0 for FP8-row; xf rows from
+ * ks_fp8_act_avx2; every result is the dot times 2^a of its activation row. */
+float ks_fp8_act_avx2(const float *x, int64_t n, float *xf);  /* permute, scale by 2^a; returns 2^-a */
+void ks_fp8_tile_fused_avx2(int mx, int nt, const uint8_t *tile, int nkb, const float *const *xf, float *res); /* nt <= 2 */
+/* blocks [kb0, kb0 + nb) of a tile as exact fp32 weights, buf[block][row][32] (decode-once) */
+void ks_fp8_decode_chunk_avx2(int mx, const uint8_t *tile, int kb0, int nb, float *buf);
 #endif
 
 /* Per-ISA phases, thread `tid` of `nth` (each covers a disjoint slice). */
@@ -136,7 +146,6 @@ double ks_read_avx512bf16(const uint8_t *p, int64_t n);
 extern float ks_e4m3_lut[256];       /* E4M3 byte -> fp32 */
 extern float ks_e8m0_lut[256];       /* E8M0 byte -> fp32 2^(b-127), 0xFF -> NaN */
 extern float ks_e8m0_p120_lut[256];  /* 2^(b-7): E8M0 scale times 2^120 (fp8 bit trick) */
-extern float ks_e8m0_p8_lut[256];    /* 2^(b-119): E8M0 scale times 2^8 (AVX2 fp8 -> fp16 decode) */
 extern const float ks_e2m1_values[16];
 /* [0: MXFP4 E8M0, 1: NVFP4 E4M3][scale byte][16 low bytes, 16 high bytes of bf16(e2m1[c] * scale)] */
 extern uint8_t ks_fp4_bf16[2][256][32];

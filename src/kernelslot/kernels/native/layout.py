@@ -42,7 +42,7 @@ class KsExperts(ctypes.Structure):
                 ("gu_row_scale", ctypes.c_void_p), ("dn_row_scale", ctypes.c_void_p),
                 ("gu_outer", ctypes.c_void_p), ("dn_outer", ctypes.c_void_p),
                 ("gu_bias", ctypes.c_void_p), ("dn_bias", ctypes.c_void_p),
-                ("bf16_scales_ok", ctypes.c_int32), ("fp8_subnormals", ctypes.c_int32)]
+                ("bf16_scales_ok", ctypes.c_int32)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,13 +121,6 @@ def _bf16_scales_ok(w: ExpertWeights) -> bool:
     return all(int(s.min()) >= 2 and int(s.max()) <= 252 for s in scales)
 
 
-def _fp8_subnormals(w: ExpertWeights) -> bool:
-    """Whether an E4M3 weight code is subnormal (exponent 0, mantissa != 0): the AVX2 kernels
-    then decode FP8 through fp16, since the fp32 bit trick would feed denormals to a multiply."""
-    return any(bool((((u & 0x78) == 0) & ((u & 0x07) != 0)).any())
-               for u in (w.gate_up.view(torch.uint8), w.down.view(torch.uint8)))
-
-
 def _f32(t: Optional[torch.Tensor], shape: tuple[int, ...]) -> Optional[torch.Tensor]:
     return None if t is None else t.detach().to(torch.float32).reshape(shape).contiguous()
 
@@ -177,8 +170,7 @@ def prepare_native_experts(weights: ExpertWeights) -> NativeExperts:
                    gate_up_tiles.shape[2], down_tiles.shape[2],
                    *(_ptr(extras[k]) for k in ("gu_row_scale", "dn_row_scale", "gu_outer", "dn_outer",
                                                "gu_bias", "dn_bias")),
-                   _bf16_scales_ok(weights) if kind == "mxfp4" else 0,
-                   _fp8_subnormals(weights) if kind in ("mxfp8", "fp8_row") else 0)
+                   _bf16_scales_ok(weights) if kind == "mxfp4" else 0)
     return NativeExperts(kind, E, H, I, gate_up_tiles, down_tiles, extras, st)
 
 
