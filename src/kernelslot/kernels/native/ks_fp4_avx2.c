@@ -8,9 +8,10 @@
  * mask turn the even / odd words of each dword into fp32.  One 32-byte load holds two rows of
  * a block (lane 0 row a, lane 1 row b, FP4 byte j = codes j, j+16), so every fp32 vector
  * carries 4 elements of row a and the same 4 of row b, and the activations are read in the
- * "pair" layout of ks_to_fp4pair.  Per 32 weights: 1/2 load, 3/2 nibble ops, 2 table loads,
- * 2 pshufb, 2 unpacks, 4 shift/mask, and 4 FMAs per token (docs/native.md).  Products are
- * exact, sums in fp32.
+ * "pair" layout of ks_to_fp4pair by the fused kernel (<= 2 tokens); for more, chunks of the
+ * tile are decoded in natural order for ks_kernels.c's decode-once dot.  Per 32 weights: 1/2
+ * load, 3/2 nibble ops, 2 table loads, 2 pshufb, 2 unpacks, 4 shift/mask, and 4 FMAs per token
+ * (docs/native.md).  Products are exact, sums in fp32.
  */
 #include "ks_native.h"
 #include <immintrin.h>
@@ -100,52 +101,26 @@ void ks_fp4_tile_fused_avx2(int nv, int nt, const uint8_t *tile, int nkb, int bs
     else { if (nt == 1) fused(0, 1, tile, nkb, bstride, xd, res); else fused(0, 2, tile, nkb, bstride, xd, res); }
 }
 
-/* Decode a whole tile once into buf: [kb][pair][the 8 vectors of decode_pair]. */
-void ks_fp4_tile_decode_avx2(int nv, const uint8_t *tile, int nkb, int bstride, float *buf) {
-    for (int kb = 0; kb < nkb; ++kb) {
-        const uint8_t *blk = tile + (int64_t)kb * bstride;
+/* Blocks [kb0, kb0 + nb) of a tile as exact fp32 in natural order, buf[block][row][32] (the
+ * decode-once chunks of ks_kernels.c): unpack{lo,hi}_ps re-interleave the even / odd vectors. */
+void ks_fp4_decode_chunk_avx2(int nv, const uint8_t *tile, int kb0, int nb, int bstride, float *buf) {
+    for (int k = 0; k < nb; ++k) {
+        const uint8_t *blk = tile + (int64_t)(kb0 + k) * bstride;
         _mm_prefetch((const char *)(blk + 4096), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + 4096 + 64), _MM_HINT_T0);
         for (int p = 0; p < 2; ++p) {
             __m256 f[8];
             if (nv) decode_pair(1, blk + 32 * p, blk + R * 16 + 4 * p, f);
             else decode_pair(0, blk + 32 * p, blk + R * 16 + 2 * p, f);
-            float *o = buf + ((int64_t)kb * 2 + p) * 64;
-            for (int k = 0; k < 8; ++k) _mm256_storeu_ps(o + 8 * k, f[k]);
-        }
-    }
-}
-
-#define NB_MAX 6
-/* Dot of nt <= 6 tokens against a decoded pair buffer (1 accumulator per pair and token). */
-INLINE void buffered(const int nt, const float *buf, int nkb, const float *const *xd, float *res) {
-    __m256 acc[2][NB_MAX];
-    for (int p = 0; p < 2; ++p)
-        for (int t = 0; t < nt; ++t) acc[p][t] = _mm256_setzero_ps();
-    for (int kb = 0; kb < nkb; ++kb) {
-        const float *b = buf + (int64_t)kb * 128;
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; ++k) {
-            const __m256 f0 = _mm256_loadu_ps(b + 8 * k), f1 = _mm256_loadu_ps(b + 64 + 8 * k);
-#pragma GCC unroll 6
-            for (int t = 0; t < nt; ++t) {
-                const __m256 x = _mm256_loadu_ps(xd[t] + (int64_t)kb * 64 + 8 * k);
-                acc[0][t] = _mm256_fmadd_ps(f0, x, acc[0][t]);
-                acc[1][t] = _mm256_fmadd_ps(f1, x, acc[1][t]);
+            float *a = buf + (k * R + 2 * p) * KS_KBLOCK, *b = a + KS_KBLOCK;
+            for (int g = 0; g < 4; ++g) {
+                const __m256 lo = _mm256_unpacklo_ps(f[2 * g], f[2 * g + 1]); /* elements 8g + 0..3 */
+                const __m256 hi = _mm256_unpackhi_ps(f[2 * g], f[2 * g + 1]); /* elements 8g + 4..7 */
+                _mm_storeu_ps(a + 8 * g, _mm256_castps256_ps128(lo));
+                _mm_storeu_ps(a + 8 * g + 4, _mm256_castps256_ps128(hi));
+                _mm_storeu_ps(b + 8 * g, _mm256_extractf128_ps(lo, 1));
+                _mm_storeu_ps(b + 8 * g + 4, _mm256_extractf128_ps(hi, 1));
             }
         }
-    }
-    for (int p = 0; p < 2; ++p)
-        for (int t = 0; t < nt; ++t) pair_sums(acc[p][t], &res[(2 * p) * nt + t], &res[(2 * p + 1) * nt + t]);
-}
-
-void ks_pair_dot_avx2(int nt, const float *buf, int nkb, const float *const *xd, float *res) {
-    switch (nt) {
-    case 1: buffered(1, buf, nkb, xd, res); break;
-    case 2: buffered(2, buf, nkb, xd, res); break;
-    case 3: buffered(3, buf, nkb, xd, res); break;
-    case 4: buffered(4, buf, nkb, xd, res); break;
-    case 5: buffered(5, buf, nkb, xd, res); break;
-    default: buffered(6, buf, nkb, xd, res); break;
     }
 }

@@ -357,6 +357,10 @@ static void decode_chunk(int fmt, const uint8_t *tile, int kb0, int nb, float *b
         ks_fp8_decode_chunk_avx2(fmt == KS_MXFP8, tile, kb0, nb, buf);
         return;
     }
+    if (fmt == KS_MXFP4 || fmt == KS_NVFP4) {
+        ks_fp4_decode_chunk_avx2(fmt == KS_NVFP4, tile, kb0, nb, ks_block_bytes(fmt), buf);
+        return;
+    }
 #endif
     const int DB = data_bytes(fmt), SB = scale_bytes(fmt), BS = R * (DB + SB);
     for (int k = 0; k < nb; ++k) {
@@ -480,27 +484,11 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
             for (int t = 0; t < n; ++t) out[r * n + t] *= gx->xf_unscale[t];
         return;
     }
-    if (gx->xd[0]) {
-        const int nv = fmt == KS_NVFP4, bs = ks_block_bytes(fmt);
-        if (n <= 2) {
-            ks_fp4_tile_fused_avx2(nv, n, tp, nkb, bs, gx->xd, res);
+    if (gx->xd[0]) { /* MXFP4 / NVFP4, fp32 activations: fused in the pair layout, else tile_batch */
+        if (n > 2) tile_batch(fmt, n, tp, nkb, gx->x, out);
+        else {
+            ks_fp4_tile_fused_avx2(fmt == KS_NVFP4, n, tp, nkb, ks_block_bytes(fmt), gx->xd, res);
             SCATTER(0, n);
-            return;
-        }
-        float *buf = scratch((size_t)R * nkb * KS_KBLOCK);
-        if (buf) {
-            ks_fp4_tile_decode_avx2(nv, tp, nkb, bs, buf);
-            for (int lo = 0; lo < n; lo += 6) {
-                const int nt = n - lo < 6 ? n - lo : 6;
-                ks_pair_dot_avx2(nt, buf, nkb, gx->xd + lo, res);
-                SCATTER(lo, nt);
-            }
-            return;
-        }
-        for (int lo = 0; lo < n; lo += 2) { /* no memory for the scratch: fused, 2 at a time */
-            const int nt = n - lo < 2 ? n - lo : 2;
-            ks_fp4_tile_fused_avx2(nv, nt, tp, nkb, bs, gx->xd + lo, res);
-            SCATTER(lo, nt);
         }
         return;
     }

@@ -111,8 +111,8 @@ void ks_pool_unlock(void);
 /* AVX2 FP4 kernels (ks_fp4_avx2.c); nv = 1 for NVFP4, 0 for MXFP4; xd in the fp4pair layout. */
 void ks_fp4_tile_fused_avx2(int nv, int nt, const uint8_t *tile, int nkb, int bstride,
                             const float *const *xd, float *res);          /* nt <= 2 */
-void ks_fp4_tile_decode_avx2(int nv, const uint8_t *tile, int nkb, int bstride, float *buf);
-void ks_pair_dot_avx2(int nt, const float *buf, int nkb, const float *const *xd, float *res); /* nt <= 6 */
+/* blocks [kb0, kb0 + nb) of a tile as exact fp32 weights, buf[block][row][32] (decode-once) */
+void ks_fp4_decode_chunk_avx2(int nv, const uint8_t *tile, int kb0, int nb, int bstride, float *buf);
 /* AVX2 integer MX-path kernels for MXFP4 (ks_mxint_avx2.c). */
 void ks_mxint_tile_fused_avx2(int nt, const uint8_t *tile, int nkb, const ks_mxplanes *const *x, float *res); /* nt <= 2 */
 size_t ks_mxint_scratch_bytes(int nkb);
