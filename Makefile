@@ -17,11 +17,13 @@ $(BIN)/kernelslot: pyproject.toml
 verify: $(BIN)/kernelslot
 	$(BIN)/kernelslot verify
 
+# Two pytest-xdist processes, one test file each at a time: much of the suite waits on worker
+# processes and settle windows, so two processes overlap those waits on 2 cores.
 test: $(BIN)/kernelslot
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-slow: $(BIN)/kernelslot browser
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile
 
 # The sandbox for candidate code (docs/threat-model.md): bubblewrap where the package manager allows;
 # without it the referee falls back to `unshare`, else runs unsandboxed with a warning.

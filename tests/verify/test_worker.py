@@ -224,3 +224,35 @@ def test_make_runner():
         r.close()
     with pytest.raises(ValueError, match="timeouts must be positive"):
         WorkerRunner(call_timeout_s=0)
+
+
+_SERVING = ("import sys, kernelslot.dispatch.router, kernelslot.engines.transformers.installation, kernelslot.bundle.loader\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'kernelslot')))")
+_PROBE = '''
+import sys
+import torch
+SERVING = set({serving!r})
+
+
+def entry(x, out):
+    extra = sorted(m for m in sys.modules if m.split(".")[0] == "kernelslot" and m not in SERVING)
+    if extra:
+        raise RuntimeError(f"modules a serving process would not hold: {{extra}}")
+    d = x.shape[-1] // 2
+    out.copy_(torch.nn.functional.silu(x[..., :d].float()) * x[..., d:].float())
+'''
+
+
+def test_a_worker_holds_no_kernelslot_module_a_serving_process_lacks(runner, tmp_path):
+    """sys.modules cannot tell the worker from an engine that installed a bundle (docs/threat-model.md,
+    "Identity"): every kernelslot module loaded when the candidate runs is one serving loads too."""
+    import subprocess
+    import sys
+
+    serving = subprocess.run([sys.executable, "-c", _SERVING], capture_output=True, text=True, check=True).stdout.split()
+    assert "kernelslot.dispatch.router" in serving
+    probe = tmp_path / "probe_modules.py"
+    probe.write_text(_PROBE.format(serving=sorted(serving)))
+    cand = Candidate(Kernel(None, None, name="probe.modules", source=KernelSource(entry="entry", file=str(probe))))
+    report = verify_slot(get_slot("activation.silu_and_mul"), cand, ONE_PROFILE, runner=runner)
+    assert report.passed, [(c.name, c.message[:300]) for r in report.results for c in r.failures()]
