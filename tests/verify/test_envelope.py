@@ -82,3 +82,19 @@ def test_msa_kv_heads_are_fixed_by_the_signature(slot):
     env = verified_envelope([describe(defn, make_case(defn, small, 0, 0), small, "cpu")])
     assert env["num_kv_heads"] == [1, 1]
     assert not envelope_domain(env).matches(CallDescriptor(num_kv_heads=2))
+
+
+@pytest.mark.slow  # seconds each: a whole verification of a profile and its boundaries
+@pytest.mark.parametrize("cheat", ["wider_num_experts_than_verified", "wider_world_size_than_verified"])
+def test_the_incumbent_passes_the_boundaries_that_catch_the_cheat(cheat):
+    """The boundaries that fail tests/cheats/CHEAT are fair: the built-in kernel passes them."""
+    import importlib
+
+    from kernelslot.verify import VerifyOptions, verify_slot
+
+    mod = importlib.import_module(f"tests.cheats.{cheat}")
+    defn = get_slot(mod.SLOT)
+    report = verify_slot(defn, defn.builtin_candidates(), VerifyOptions(draws=0, **mod.OPTIONS))
+    assert report.passed
+    ran = {r.profile for r in report.results}
+    assert any("@" + mod.OPTIONS["envelope_fields"][0] in p for p in ran), ran
