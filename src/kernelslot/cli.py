@@ -298,6 +298,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         run_id = store.start_run(_command_line(), args.device, runner.name, getattr(bundle, "bundle_id", None),
                                  getattr(bundle, "content_hash", None), seeds=opts.seeds, **receipt)
     reports, slots = [], []
+    sessions: dict | None = {} if bundle is None else None  # built-ins are trusted: one rank group per size for all
     started = time.perf_counter()
     console = _console()
     progress = VerifyProgress(targets, opts, quiet=args.quiet)
@@ -307,7 +308,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             for slot_name, cands in targets:
                 defn = get_slot(slot_name)
                 progress.start_slot(slot_name)
-                report = verify_slot(defn, cands, opts, runner=runner, progress=progress.profile_done)
+                report = verify_slot(defn, cands, opts, runner=runner, progress=progress.profile_done, sessions=sessions)
                 reports.append(report)
                 slots.append(slot_dict(report, defn.describe_comparator()))
                 if store:
@@ -317,6 +318,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         complete = True
     finally:
         runner.close()
+        for session in (sessions or {}).values():
+            session.close()
         elapsed = time.perf_counter() - started
         failed = [r.slot for r in reports if r.status == "fail"]
         not_run = [r for r in reports if r.status == "not run"]

@@ -88,7 +88,7 @@ def test_verify_slot_routes_collectives(monkeypatch):
     import kernelslot.verify.collective as referee
 
     calls = []
-    monkeypatch.setattr(referee, "verify_collective", lambda defn, cands, opts, progress: calls.append(defn.name) or "routed")
+    monkeypatch.setattr(referee, "verify_collective", lambda defn, cands, opts, progress, sessions=None: calls.append(defn.name) or "routed")
     defn = get_slot("collective.all_reduce")
     assert verify_slot(defn, Candidate(defn.incumbent)) == "routed" and calls == [defn.name]
 

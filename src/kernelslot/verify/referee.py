@@ -20,11 +20,12 @@ __all__ = ["verify_slot"]
 
 
 def verify_slot(defn: SlotDef, candidates: Candidate | Sequence[Candidate], opts: VerifyOptions = VerifyOptions(),
-                runner: Runner | None = None, progress: Progress | None = None) -> SlotReport:
+                runner: Runner | None = None, progress: Progress | None = None, sessions: dict | None = None) -> SlotReport:
     """Verify one slot's candidate variants (see :func:`kernelslot.verify.pipeline.verify_slot`).
 
     Collective slots run in rank processes of their own, isolated whatever ``runner`` is (it
-    applies to single-device slots only). Variants this machine cannot run (``Candidate.needs``)
+    applies to single-device slots only); ``sessions`` (group size -> running session, closed by
+    the caller) reuses rank processes across slots, for trusted kernels only (the built-ins). Variants this machine cannot run (``Candidate.needs``)
     are left out; when none can run, the report's status is ``not run`` with the reason.
     """
     cands = [candidates] if isinstance(candidates, Candidate) else list(candidates)
@@ -37,7 +38,7 @@ def verify_slot(defn: SlotDef, candidates: Candidate | Sequence[Candidate], opts
     if defn.slot.kind is SlotKind.COLLECTIVE:
         from kernelslot.verify.collective import verify_collective  # spawns rank processes: imported when needed
 
-        report = verify_collective(defn, cands, opts, progress)
+        report = verify_collective(defn, cands, opts, progress, sessions=sessions)
     else:
         report = pipeline.verify_slot(defn, cands, opts, runner, progress)
     if left_out:  # the other variants' verdicts stand; these were never exercised
