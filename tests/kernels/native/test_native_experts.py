@@ -36,7 +36,8 @@ ACTS = {
 E, H, I, K = 5, 96, 64, 3
 
 
-def _make_experts(fmt: str, gen: torch.Generator, bias: bool) -> tuple[ExpertWeights, torch.Tensor, torch.Tensor]:
+def _make_experts(fmt: str, gen: torch.Generator, bias: bool, H: int = H,
+                  I: int = I) -> tuple[ExpertWeights, torch.Tensor, torch.Tensor]:
     """(weights in ``fmt``, dense gate_up (E,2I,H), dense down (E,H,I)) — the dense tensors
     are an independent dequantisation used by the reference."""
     gu = torch.randn(E, 2 * I, H, generator=gen) * 0.2
@@ -96,6 +97,7 @@ def _act_ref(act: ExpertActivation, g: torch.Tensor, u: torch.Tensor) -> torch.T
 
 
 def _reference(x, ids, wts, w: ExpertWeights, gu, dn, act, post_scale, quant):
+    I = gu.shape[1] // 2
     out = torch.zeros(x.shape, dtype=torch.float64)
     xin = _qdq(x) if quant else x
     for t in range(x.shape[0]):
@@ -390,7 +392,7 @@ def test_avx2_fp8_decode_is_exact_for_every_code_and_activation_scale(fmt, subno
     prep = prepare_native_experts(w)
     act = ExpertActivation("gelu")
     row_scale = torch.tensor([2.0 ** -40, 1.0, 2.0 ** 40, 2.0 ** -20, 3.0, 2.0 ** 20])
-    for quant in (False, True):
+    for quant in ((False, True) if fmt == "mxfp8" else (False,)):
         for T in (1, 2, 6):
             x = torch.randn(T, H, generator=gen) * row_scale[:T].unsqueeze(1)
             x[0, 7] *= 2.0 ** -30                      # an element far below its row's largest
@@ -424,6 +426,26 @@ def test_avx2_fp8_fused_token_bits_do_not_depend_on_its_partner(fmt):
         alone = torch.zeros(1, H)
         expert_mlp_native(x[t:t + 1], ids[t:t + 1], wts[t:t + 1], prep, ACTS["swigluoai"], True, True, alone, isa="avx2")
         assert torch.equal(alone[0], both[t])
+
+
+@pytest.mark.parametrize("fmt", ("fp8_row", "mxfp8", "nvfp4", "bf16"))
+def test_decode_once_over_several_chunks(fmt):
+    """Decode-once runs over chunks of 8 contraction blocks: H = 320 and I = 288 (10 and 9
+    blocks) give a full chunk and a partial one; 7 tokens on two experts, every ISA (the
+    FP8, FP4 and generic chunk decoders; MX path for MXFP8)."""
+    h, i = 320, 288
+    gen = torch.Generator().manual_seed(21)
+    w, gu, dn = _make_experts(fmt, gen, True, h, i)
+    prep = prepare_native_experts(w)
+    x = torch.randn(7, h, generator=gen)
+    ids, wts = torch.tensor([[1, 3, -1]] * 7), torch.rand(7, K, generator=gen)
+    for isa in ISAS:
+        for quant in ((False, True) if fmt == "mxfp8" else (False,)):
+            out = torch.zeros(7, h)
+            expert_mlp_native(x, ids, wts, prep, ACTS["silu"], True, quant, out, isa=isa)
+            ref = _reference(x, ids, wts, w, gu, dn, ACTS["silu"], True, quant)
+            rel = ((out.double() - ref).norm() / ref.norm()).item()
+            assert rel < (2e-3 if quant else 1e-5), (fmt, isa, quant, rel)
 
 
 @pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")

@@ -5,7 +5,8 @@
  * in bits 14..11 and the code's exponent and mantissa in bits 10..4; per dword, the high word
  * (mask 0x87F00000) or the low word (shift left 16, same mask) is then the fp32 with E4M3's
  * sign, exponent and mantissa bits, i.e. the value times 2^-120 exactly (subnormal codes become
- * fp32 denormals: exact, slower to multiply).  Per 32 weights: 1 load, 2 unpacks, 2 word
+ * fp32 denormals: exact, and only FMAs touch them, which on Zen 3, unlike vmulps, take a
+ * denormal operand at full speed).  Per 32 weights: 1 load, 2 unpacks, 2 word
  * shifts, 2 dword shifts, 4 ANDs — no multiply.  The four vectors hold the block's elements in
  * the order of ks_fp8_act_avx2 (below), so the activations are permuted once per row instead.
  *
