@@ -17,13 +17,16 @@ $(BIN)/kernelslot: pyproject.toml
 verify: $(BIN)/kernelslot
 	$(BIN)/kernelslot verify
 
-# Two pytest-xdist processes, one test file each at a time: much of the suite waits on worker
-# processes and settle windows, so two processes overlap those waits on 2 cores.
+# Two pytest-xdist processes, one test file each at a time, one torch thread each: much of the
+# suite waits on worker processes and settle windows, so two processes overlap those waits, and one
+# intra-op thread each keeps them from oversubscribing 2 cores (the native pool still uses every
+# CPU; test_a_torch_pool_spinning_down_after_return_is_not_work_after_return runs a 2-thread pool).
+TEST_ENV = OMP_NUM_THREADS=1
 test: $(BIN)/kernelslot
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(TEST_ENV) $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-slow: $(BIN)/kernelslot browser
-	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile
+	$(TEST_ENV) $(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile
 
 # The sandbox for candidate code (docs/threat-model.md): bubblewrap where the package manager allows;
 # without it the referee falls back to `unshare`, else runs unsandboxed with a warning.

@@ -256,3 +256,30 @@ def test_a_worker_holds_no_kernelslot_module_a_serving_process_lacks(runner, tmp
     cand = Candidate(Kernel(None, None, name="probe.modules", source=KernelSource(entry="entry", file=str(probe))))
     report = verify_slot(get_slot("activation.silu_and_mul"), cand, ONE_PROFILE, runner=runner)
     assert report.passed, [(c.name, c.message[:300]) for r in report.results for c in r.failures()]
+
+
+_POOL_KERNEL = '''
+import torch
+
+_BIG = torch.ones(1 << 18)
+
+
+def entry(x, out):
+    if torch.get_num_threads() != 2:
+        raise RuntimeError(f"torch runs {torch.get_num_threads()} threads in the worker, this test needs 2")
+    _BIG.mul_(1.0)  # one parallel region per call: libgomp's pool spins a few ms after it, then sleeps
+    d = x.shape[-1] // 2
+    out.copy_(torch.nn.functional.silu(x[..., :d].float()) * x[..., d:].float())
+'''
+
+
+def test_a_torch_pool_spinning_down_after_return_is_not_work_after_return(monkeypatch, tmp_path):
+    """make test runs with OMP_NUM_THREADS=1; this test gives the worker a two-thread torch pool, whose
+    spin after each parallel region must not read as a thread left running (the settle window's grace half)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    kernel = tmp_path / "pool_kernel.py"
+    kernel.write_text(_POOL_KERNEL)
+    cand = Candidate(Kernel(None, None, name="honest.torch_pool", source=KernelSource(entry="entry", file=str(kernel))))
+    with WorkerRunner(call_timeout_s=10.0) as worker:
+        report = verify_slot(get_slot("activation.silu_and_mul"), cand, ONE_PROFILE, runner=worker)
+    assert report.passed, [(c.name, c.message[:300]) for r in report.results for c in r.failures()]

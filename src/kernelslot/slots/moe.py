@@ -81,7 +81,7 @@ def route_ids(m: int, e: int, k: int, routing: tuple[str, ...], gen: torch.Gener
         ids = ids.gather(1, torch.stack([torch.randperm(k, generator=gen) for _ in range(m)]))  # hot at any k
     if "repeat" in routing and k >= 2:
         col = torch.randint(1, k, (m,), generator=gen)
-        ids[torch.arange(m), col] = ids[:, 0]
+        ids[torch.arange(m), col] = ids[:, 0].clone()  # the source must not alias the destination
     return ids.to(torch.int32)
 
 
