@@ -10,7 +10,7 @@ _pool = None
 
 def _rows(x, out, lo, hi):
     d = x.shape[-1] // 2
-    out[lo:hi].copy_(torch.nn.functional.silu(x[lo:hi, :d].float()) * x[lo:hi, d:].float())
+    out[lo:hi].copy_(torch.nn.functional.silu(x[lo:hi, ..., :d].float()) * x[lo:hi, ..., d:].float())
 
 
 def entry(x, out):
