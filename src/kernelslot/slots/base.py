@@ -253,8 +253,6 @@ class SlotDef:
     relations: tuple[Any, ...] = ()
     # What prepared state may persist across calls, where the slot has prepare() (docs/slots; slots/contract.py)
     prepared_state: str = ""
-
-
     # draw(base, pick) -> dims overriding base.dims: one drawn profile inside the declared domain (slots/draw.py)
     draw: Callable[[Profile, "Pick"], Mapping[str, Any]] | None = None
 
