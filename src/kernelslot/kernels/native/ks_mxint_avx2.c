@@ -10,11 +10,13 @@
  * Per block and row each lane adds 8 products: |sum| <= 8·256·12·28672 < 2^31, and the sum is
  * 256·S with |S| < 2^22, so the int32 -> fp32 conversion is exact.  Then one fp32 multiply by
  * the weight scale 2^(sw-127) (exact) and one FMA by the plane scale 2^(sb-142) (hi) or
- * 2^(sb-145) (lo) add the block into an fp32 accumulator: each 32-block's dot product is exact
- * up to one fp32 rounding, blocks are summed in fp32 in a fixed order (kb ascending, a lo block
- * right after its hi block, the 4 lanes of a row summed at the end) that is the same in the
- * fused and the decode-once kernels, so results depend neither on the thread count nor on how
- * many tokens share the expert.
+ * 2^(sb-145) (lo) add the block into an fp32 accumulator: each 32-block's dot product with a
+ * plane is exact up to one fp32 rounding, and these are summed in fp32 in a fixed order (the hi
+ * parts of all blocks, kb ascending, then the lo parts of the flagged blocks, kb ascending, the
+ * 4 lanes of a row summed at the end) that is the same in the fused and the decode-once
+ * kernels, so results depend neither on the thread count nor on how many tokens share the
+ * expert. The lo parts come last so that the block loop has no branch (a branch there kept the
+ * accumulators in memory).
  *
  * Layout: one 32-byte load holds two rows of a block (lane 0 row a, lane 1 row b; byte j =
  * codes j, j+16), giving 4 vectors of 8 words per lane: elements {0,2..14}, {1,3..15},
@@ -63,13 +65,30 @@ INLINE void load_toks(const int nt, const ks_mxplanes *const *x, tok *t) {
     for (int i = 0; i < nt; ++i) t[i] = (tok){x[i]->hi, x[i]->lo, x[i]->scale, x[i]->has_lo};
 }
 
-/* acc += block kb of one pair against one token (hi plane, then lo where the block has one). */
-INLINE __m256 pair_block(__m256 acc, const __m256i v[4], __m256 ws, const tok *x, int kb) {
-    acc = _mm256_fmadd_ps(_mm256_mul_ps(pair_dot(v, x->hi + 32 * kb), ws), _mm256_broadcast_ss(x->scale + 2 * kb), acc);
-    if (__builtin_expect(x->has_lo[kb], 0))
-        acc = _mm256_fmadd_ps(_mm256_mul_ps(pair_dot(v, x->lo + 32 * kb), ws), _mm256_broadcast_ss(x->scale + 2 * kb + 1), acc);
-    return acc;
+/* acc += block kb of one pair against one token's hi plane (lo: its lo plane). */
+INLINE __m256 hi_block(__m256 acc, const __m256i v[4], __m256 ws, const tok *x, int kb) {
+    return _mm256_fmadd_ps(_mm256_mul_ps(pair_dot(v, x->hi + 32 * kb), ws), _mm256_broadcast_ss(x->scale + 2 * kb), acc);
 }
+INLINE __m256 lo_block(__m256 acc, const __m256i v[4], __m256 ws, const tok *x, int kb) {
+    return _mm256_fmadd_ps(_mm256_mul_ps(pair_dot(v, x->lo + 32 * kb), ws), _mm256_broadcast_ss(x->scale + 2 * kb + 1), acc);
+}
+
+/* Bits i of the flags f[0..n) (n <= 32 used) that are non-zero; never reads past f + n. */
+INLINE uint32_t lo_bits(const uint8_t *f, int n) {
+    if (n >= 32)
+        return ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)f), _mm256_setzero_si256()));
+    uint8_t b[32] = {0};
+    for (int i = 0; i < n; ++i) b[i] = f[i];
+    return ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)b), _mm256_setzero_si256())) & ((1u << n) - 1);
+}
+/* Run BODY with kb = every block of x whose lo plane is used, ascending: the lo pass after
+ * the hi pass keeps the block loop free of branches (and the accumulators in registers). */
+#define FOR_LO_BLOCKS(x, nkb, kb, BODY)                                        \
+    for (int c0_ = 0; c0_ < (nkb); c0_ += 32)                                 \
+        for (uint32_t m_ = lo_bits((x)->has_lo + c0_, (nkb) - c0_); m_; m_ &= m_ - 1) { \
+            const int kb = c0_ + __builtin_ctz(m_);                           \
+            BODY                                                              \
+        }
 
 INLINE void pair_sums(__m256 a, float *ra, float *rb) {
     const __m128 s = _mm_hadd_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -95,9 +114,18 @@ INLINE void fused(const int nt, const uint8_t *tile, int nkb, const ks_mxplanes 
             decode_pair(blk + 32 * p, v);
             const __m256 ws = pair_scale(blk + R * 16 + 2 * p);
 #pragma GCC unroll 2
-            for (int t = 0; t < nt; ++t) acc[p][t] = pair_block(acc[p][t], v, ws, &x[t], kb);
+            for (int t = 0; t < nt; ++t) acc[p][t] = hi_block(acc[p][t], v, ws, &x[t], kb);
         }
     }
+    for (int t = 0; t < nt; ++t)
+        FOR_LO_BLOCKS(&x[t], nkb, kb, {
+            const uint8_t *blk = tile + (int64_t)kb * R * 17;
+            for (int p = 0; p < 2; ++p) {
+                __m256i v[4];
+                decode_pair(blk + 32 * p, v);
+                acc[p][t] = lo_block(acc[p][t], v, pair_scale(blk + R * 16 + 2 * p), &x[t], kb);
+            }
+        })
     for (int p = 0; p < 2; ++p)
         for (int t = 0; t < nt; ++t) pair_sums(acc[p][t], &res[(2 * p) * nt + t], &res[(2 * p + 1) * nt + t]);
 }
@@ -141,8 +169,13 @@ INLINE void buffered(const int nt, const void *buf, int nkb, const ks_mxplanes *
             __m256i v[4] = {d->v[0], d->v[1], d->v[2], d->v[3]};
             const __m256 ws = d->ws;
 #pragma GCC unroll 4
-            for (int t = 0; t < nt; ++t) acc[t] = pair_block(acc[t], v, ws, &x[t], kb);
+            for (int t = 0; t < nt; ++t) acc[t] = hi_block(acc[t], v, ws, &x[t], kb);
         }
+        for (int t = 0; t < nt; ++t)
+            FOR_LO_BLOCKS(&x[t], nkb, kb, {
+                const dec_block *d = b + (int64_t)p * nkb + kb;
+                acc[t] = lo_block(acc[t], d->v, d->ws, &x[t], kb);
+            })
         for (int t = 0; t < nt; ++t) pair_sums(acc[t], &res[(2 * p) * ldr + t], &res[(2 * p + 1) * ldr + t]);
     }
 }
