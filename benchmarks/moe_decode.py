@@ -385,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", default=",".join(CYCLE_FORMATS),
                     help="--cycles: comma-separated formats (also fp8_row, mxfp8-gauss, fp8_row-gauss)")
     ap.add_argument("--json", metavar="FILE", help="write one record per case to FILE")
+    ap.add_argument("--tokens", metavar="T,...",
+                    help="comma-separated batch sizes for the chosen cases (default 1,8 with --quick, else "
+                         + ",".join(map(str, TOKENS)) + "); e.g. --quick --tokens 1,2,4,8,16 with the peer")
     ap.add_argument("--iters", type=int, default=21, help="native calls per case (median)")
     ap.add_argument("--threads", type=int, default=default_threads())
     ap.add_argument("--no-transformers", action="store_true", help="skip transformers' implementations")
@@ -407,6 +410,13 @@ def main(argv: list[str] | None = None) -> int:
           f"load average {os.getloadavg()[0]:.1f}")
     cases = QUICK_CASES if args.quick else CASES
     tokens = (1, 8) if args.quick else TOKENS
+    if args.tokens:
+        try:
+            tokens = tuple(int(t) for t in args.tokens.split(","))
+        except ValueError:
+            ap.error(f"--tokens: expected comma-separated integers, got {args.tokens!r}")
+        if any(not 1 <= t <= 64 for t in tokens):
+            ap.error(f"--tokens: every batch size must be in 1..64 (the native domain), got {args.tokens!r}")
     records = []
     for c in cases:
         records += run_case(c, tokens, args.iters, args.threads, bw, cbw, gen, not args.no_transformers,
