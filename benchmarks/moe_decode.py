@@ -47,6 +47,7 @@ from kernelslot.kernels.native import (
     native_status,
     prepare_native_experts,
     read_bandwidth_probe,
+    warm_thread_pool,
 )
 
 
@@ -253,6 +254,7 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
             peer.run(0, *routes[0])
             times, cpu_used, peer_cpu = [], 0.0, 0.0
             for i in range(iters):  # interleaved: ours, then the peer, on the same routing
+                warm_thread_pool(threads)  # untimed, as the peer's pool is resumed untimed (steady decode)
                 c0 = cpu_seconds()
                 times += time_calls(lambda _: native(i), 1)
                 c1 = cpu_seconds()
@@ -382,8 +384,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="GPT-OSS-20B shape, MXFP4 / NVFP4 / MXFP8 / bf16, T=1 and T=8 only")
     ap.add_argument("--peer-lib", metavar="SO", help="ggml peer library built by benchmarks/peer_moe.sh")
     ap.add_argument("--cycles", action="store_true", help="only the hot decode cost in cycles per 32 weights")
-    ap.add_argument("--formats", default=",".join(CYCLE_FORMATS),
-                    help="--cycles: comma-separated formats (also fp8_row, mxfp8-gauss, fp8_row-gauss)")
+    ap.add_argument("--formats", metavar="F,...",
+                    help="comma-separated formats: the cases to run (default: all), or with --cycles the "
+                         "formats to probe (default " + ",".join(CYCLE_FORMATS) + "; also fp8_row, "
+                         "mxfp8-gauss, fp8_row-gauss)")
     ap.add_argument("--json", metavar="FILE", help="write one record per case to FILE")
     ap.add_argument("--tokens", metavar="T,...",
                     help="comma-separated batch sizes for the chosen cases (default 1,8 with --quick, else "
@@ -399,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     if args.cycles:
-        cycles = decode_cycles(gen, max(args.iters, 20), tuple(args.formats.split(",")))
+        formats = tuple(args.formats.split(",")) if args.formats else CYCLE_FORMATS
+        cycles = decode_cycles(gen, max(args.iters, 20), formats)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"isa": isa, "decode_cycles": cycles}, f, indent=1)
@@ -409,6 +414,13 @@ def main(argv: list[str] | None = None) -> int:
           f"(spread {bw_spread:.0%} over 9 reads of 1 GiB; CPU-normalised {cbw:.1f} GB/s); "
           f"load average {os.getloadavg()[0]:.1f}")
     cases = QUICK_CASES if args.quick else CASES
+    if args.formats:
+        wanted = args.formats.split(",")
+        unknown = sorted(set(wanted) - {c.fmt for c in cases})
+        if unknown:
+            ap.error(f"--formats: no {'--quick ' if args.quick else ''}case has format(s) {', '.join(unknown)} "
+                     f"(choose from {', '.join(sorted({c.fmt for c in cases}))})")
+        cases = tuple(c for c in cases if c.fmt in wanted)
     tokens = (1, 8) if args.quick else TOKENS
     if args.tokens:
         try:

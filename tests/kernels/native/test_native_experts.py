@@ -19,6 +19,7 @@ from kernelslot.kernels.native import (
     native_status,
     native_supports,
     prepare_native_experts,
+    warm_thread_pool,
 )
 from kernelslot.kernels.native import _build
 
@@ -217,6 +218,24 @@ def test_bits_identical_for_any_thread_count(fmt, isa):
             expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, quant, out, num_threads=nth, isa=isa)
             outs.append(out)
         assert all(torch.equal(outs[0], o) for o in outs[1:]), (fmt, isa, quant)
+
+
+def test_a_warmed_pool_gives_the_same_bits():
+    """warm_thread_pool runs an empty phase on the pool (benchmarks call it untimed): calls after
+    it, with more, fewer or the same threads, give the bits of a call on a cold pool."""
+    gen = torch.Generator().manual_seed(13)
+    w, *_ = _make_experts("mxfp4", gen, True)
+    prep = prepare_native_experts(w)
+    x = torch.randn(3, H, generator=gen)
+    ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(3)])
+    wts = torch.rand(3, K, generator=gen)
+    ref = torch.zeros(3, H)
+    expert_mlp_native(x, ids, wts, prep, ACTS["silu"], True, True, ref, num_threads=1)
+    for warm, nth in ((4, 2), (2, 4), (3, 3), (1, 2)):
+        warm_thread_pool(warm)
+        out = torch.zeros(3, H)
+        expert_mlp_native(x, ids, wts, prep, ACTS["silu"], True, True, out, num_threads=nth)
+        assert torch.equal(out, ref), (warm, nth)
 
 
 def test_repeated_ids_beyond_one_group():

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from . import _build
 from .layout import MAX_TOKENS, NativeExperts, native_supports, prepare_native_experts
-from .ops import default_threads, expert_mlp_native, mxfp8_quantize_native, read_bandwidth_probe
+from .ops import (default_threads, expert_mlp_native, mxfp8_quantize_native, read_bandwidth_probe,
+                  warm_thread_pool)
 
 
 def native_status() -> tuple[bool, str, str]:
@@ -25,4 +26,5 @@ def native_status() -> tuple[bool, str, str]:
 __all__ = [
     "MAX_TOKENS", "NativeExperts", "default_threads", "expert_mlp_native", "mxfp8_quantize_native",
     "native_status", "native_supports", "prepare_native_experts", "read_bandwidth_probe",
+    "warm_thread_pool",
 ]

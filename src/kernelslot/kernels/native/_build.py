@@ -152,6 +152,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ks_read_bandwidth_probe.argtypes = [vp, c_i64, c_int, c_int]
     lib.ks_repack_matrix.restype = c_int
     lib.ks_repack_matrix.argtypes = [c_int, vp, c_i64, vp, c_i64, c_i64, c_i64, vp, vp, c_i64]
+    lib.ks_pool_warm.restype = None
+    lib.ks_pool_warm.argtypes = [c_int]
     lib.ks_isa_supported.restype = c_int
     lib.ks_isa_supported.argtypes = [c_int]
     lib.ks_best_isa.restype = c_int

