@@ -70,38 +70,50 @@ INLINE float hsum(__m256 a) {
     return _mm_cvtss_f32(s);
 }
 
+/* One row-block's sum of exact products with a token's block x (mx: summed apart, then scaled). */
+INLINE __m256 block_sum(const __m256 f[4], const float *x, __m256 nz) {
+    __m256 b = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(x), nz);
+    b = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(x + 8), b);
+    b = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(x + 16), b);
+    return _mm256_fmadd_ps(f[3], _mm256_loadu_ps(x + 24), b);
+}
+
+/* Row r of block kb into its accumulators A (token 0) and B (token 1; FP8-row with one token:
+ * the odd vectors' chain).  Named variables, not an array: an array kept them in memory. */
+#define FUSED_ROW(r, A, B)                                                                   \
+    do {                                                                                     \
+        __m256 f[4];                                                                         \
+        decode_row(blk + 32 * (r), f);                                                       \
+        if (mx) { /* block sum, then its scale 2^(s-7) in one FMA */                         \
+            const __m256 s = _mm256_broadcast_ss(&ks_e8m0_p120_lut[blk[R * KS_KBLOCK + (r)]]); \
+            A = _mm256_fmadd_ps(block_sum(f, x0, nz), s, A);                                 \
+            if (nt == 2) B = _mm256_fmadd_ps(block_sum(f, x1, nz), s, B);                    \
+        } else if (nt == 1) { /* two chains per row (even / odd vectors) */                  \
+            A = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(x0), A);                               \
+            B = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(x0 + 8), B);                           \
+            A = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(x0 + 16), A);                          \
+            B = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(x0 + 24), B);                          \
+        } else {                                                                             \
+            for (int j = 0; j < 4; ++j) A = _mm256_fmadd_ps(f[j], _mm256_loadu_ps(x0 + 8 * j), A); \
+            for (int j = 0; j < 4; ++j) B = _mm256_fmadd_ps(f[j], _mm256_loadu_ps(x1 + 8 * j), B); \
+        }                                                                                    \
+    } while (0)
+
 /* Decode fused with the dot for nt = 1 or 2 tokens: res[r * nt + t] = dot · 2^a. */
 INLINE void fused(const int mx, const int nt, const uint8_t *tile, int nkb, const float *const *xf, float *res) {
     const int bs = R * (KS_KBLOCK + mx);
     const __m256 nz = _mm256_set1_ps(-0.0f);
-    __m256 acc[R][2];
-    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (int kb = 0; kb < nkb; ++kb) {
         const uint8_t *blk = tile + (int64_t)kb * bs;
         for (int off = 0; off < bs; off += 64) _mm_prefetch((const char *)(blk + 4096 + off), _MM_HINT_T0);
-#pragma GCC unroll 4
-        for (int r = 0; r < R; ++r) {
-            __m256 f[4];
-            decode_row(blk + 32 * r, f);
-#pragma GCC unroll 2
-            for (int t = 0; t < nt; ++t) {
-                const float *x = xf[t] + (int64_t)kb * KS_KBLOCK;
-                if (mx) { /* block sum, then its scale 2^(s-7) in one FMA */
-                    __m256 b = _mm256_fmadd_ps(f[0], _mm256_loadu_ps(x), nz);
-                    b = _mm256_fmadd_ps(f[1], _mm256_loadu_ps(x + 8), b);
-                    b = _mm256_fmadd_ps(f[2], _mm256_loadu_ps(x + 16), b);
-                    b = _mm256_fmadd_ps(f[3], _mm256_loadu_ps(x + 24), b);
-                    acc[r][t] = _mm256_fmadd_ps(b, _mm256_broadcast_ss(&ks_e8m0_p120_lut[blk[R * KS_KBLOCK + r]]), acc[r][t]);
-                } else { /* one token: two chains per row (even / odd vectors) */
-#pragma GCC unroll 4
-                    for (int j = 0; j < 4; ++j) {
-                        const int q = nt == 1 ? j & 1 : t;
-                        acc[r][q] = _mm256_fmadd_ps(f[j], _mm256_loadu_ps(x + 8 * j), acc[r][q]);
-                    }
-                }
-            }
-        }
+        const float *x0 = xf[0] + (int64_t)kb * KS_KBLOCK, *x1 = nt == 2 ? xf[1] + (int64_t)kb * KS_KBLOCK : x0;
+        FUSED_ROW(0, a0, b0);
+        FUSED_ROW(1, a1, b1);
+        FUSED_ROW(2, a2, b2);
+        FUSED_ROW(3, a3, b3);
     }
+    const __m256 acc[R][2] = {{a0, b0}, {a1, b1}, {a2, b2}, {a3, b3}};
     for (int r = 0; r < R; ++r) {
         if (!mx && nt == 1) { res[r] = hsum(_mm256_add_ps(acc[r][0], acc[r][1])) * 0x1p120f; continue; }
         for (int t = 0; t < nt; ++t) res[r * nt + t] = mx ? hsum(acc[r][t]) : hsum(acc[r][t]) * 0x1p120f;
