@@ -3,7 +3,9 @@ our torch path and transformers' experts implementations.
 
 Per case (model shape, weight format, T tokens) it prints the median wall time of one call,
 the weight bytes the call must read (each distinct routed expert once), the achieved GB/s, the
-fraction of the read bandwidth measured in this same run by the native read kernel, and the
+fraction of the read bandwidth measured by the native read kernel interleaved with the calls
+(``probe``: the median of one 256 MiB streaming read after every timed call of the row, so the
+fraction compares rates measured under the same host conditions), and the
 speedups over our torch path (``kernelslot.kernels.moe_block.selective_experts``) and over
 transformers' ``eager`` / ``batched_mm`` / ``grouped_mm`` experts on the same weights in bf16
 (dequantised for 4-bit formats). Because the machine is shared, it also prints CPU-normalised
@@ -150,6 +152,28 @@ def measure_bandwidth(threads: int, repeats: int = 9) -> tuple[float, float, flo
     return med, (max(rates) - min(rates)) / med, statistics.median(cpu_rates)
 
 
+class RowProbe:
+    """The read probe interleaved with a row's calls: one 256 MiB streaming read (a rotating
+    slice of a 1 GiB buffer, so it is never LLC-resident) per call; ``median()`` in GB/s."""
+
+    CHUNK = 1 << 28
+
+    def __init__(self, threads: int):
+        self.buf = torch.ones(4 * self.CHUNK, dtype=torch.uint8)
+        self.threads, self.i, self.rates = threads, 0, []
+
+    def read(self) -> None:
+        part = self.buf[(self.i % 4) * self.CHUNK:(self.i % 4 + 1) * self.CHUNK]
+        self.i += 1
+        t = time.perf_counter()
+        read_bandwidth_probe(part, self.threads)
+        self.rates.append(self.CHUNK / (time.perf_counter() - t) / 1e9)
+
+    def median(self) -> float:
+        out, self.rates = statistics.median(self.rates), []
+        return out
+
+
 def time_calls(fn, n: int) -> list[float]:
     out = []
     for i in range(n):
@@ -234,7 +258,8 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
     tf = transformers_experts(layers[0], c) if with_transformers and c.transformers and not peer else None
     torch_budget_ok = peer is None
     records = []
-    header = (f"{'T':>3} {'median ms':>10} {'MB read':>8} {'GB/s':>6} {'of bw':>6} {'spread':>6} "
+    probe = RowProbe(threads)
+    header = (f"{'T':>3} {'median ms':>10} {'MB read':>8} {'GB/s':>6} {'probe':>6} {'of bw':>6} {'spread':>6} "
               f"{'cpuGB/s':>7} {'of cbw':>6} "
               f"{'x torch':>8} {'x eager':>8} {'x bmm':>8} {'x gmm':>8}"
               + (f" {'peer ms':>8} {'peerGB/s':>8} {'x peer':>7} {'x peer cpu':>10}" if peer else ""))
@@ -253,19 +278,29 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
             peer.tokens(T)
             peer.run(0, *routes[0])
             times, cpu_used, peer_cpu = [], 0.0, 0.0
-            for i in range(iters):  # interleaved: ours, then the peer, on the same routing
-                warm_thread_pool(threads)  # untimed, as the peer's pool is resumed untimed (steady decode)
-                c0 = cpu_seconds()
-                times += time_calls(lambda _: native(i), 1)
-                c1 = cpu_seconds()
-                peer_times.append(peer.run(i % c.layers, *routes[i]))
-                cpu_used, peer_cpu = cpu_used + c1 - c0, peer_cpu + cpu_seconds() - c1
+            for i in range(iters):  # interleaved on the same routing: ours then the peer, then the other way
+                for ours_turn in ((True, False) if i % 2 == 0 else (False, True)):
+                    if ours_turn:
+                        warm_thread_pool(threads)  # untimed, as the peer's pool is resumed untimed (steady decode)
+                        c0 = cpu_seconds()
+                        times += time_calls(lambda _: native(i), 1)
+                        cpu_used += cpu_seconds() - c0
+                    else:
+                        c0 = cpu_seconds()
+                        peer_times.append(peer.run(i % c.layers, *routes[i]))
+                        peer_cpu += cpu_seconds() - c0
+                probe.read()
             cpu_per_call, peer_cpu_per_call = cpu_used / iters, peer_cpu / iters
         else:
-            c0 = cpu_seconds()
-            times = time_calls(native, iters)
-            cpu_per_call = (cpu_seconds() - c0) / iters  # ru_* resolution: averaged over the calls
+            times, cpu_used = [], 0.0
+            for i in range(iters):
+                c0 = cpu_seconds()
+                times += time_calls(lambda _: native(i), 1)
+                cpu_used += cpu_seconds() - c0
+                probe.read()
+            cpu_per_call = cpu_used / iters  # ru_* resolution: averaged over the calls
         med = statistics.median(times)
+        row_bw = probe.median()
         distinct = statistics.median(len(torch.unique(r[0])) for r in routes)
         nbytes = int(distinct * per_expert)
         gbps = nbytes / med / 1e9
@@ -297,7 +332,7 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
                     print(f"   transformers {impl} failed on CPU: {type(exc).__name__}: {exc}")
                     speed[impl] = None
         fmtx = lambda v: f"{v:8.1f}" if v is not None else f"{'-':>8}"
-        print(f"{T:>3} {med * 1e3:10.2f} {nbytes / 1e6:8.1f} {gbps:6.1f} {gbps / bandwidth:6.0%} {spread:6.0%} "
+        print(f"{T:>3} {med * 1e3:10.2f} {nbytes / 1e6:8.1f} {gbps:6.1f} {row_bw:6.1f} {gbps / row_bw:6.0%} {spread:6.0%} "
               f"{cpu_gbps:7.1f} {cpu_gbps / cpu_bandwidth:6.0%} "
               f"{fmtx(speed['torch'])} {fmtx(speed.get('eager'))} {fmtx(speed.get('batched_mm'))} "
               f"{fmtx(speed.get('grouped_mm'))}"
@@ -306,7 +341,8 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
                  f"{statistics.median(peer_times) / med:7.2f} {peer_cpu_per_call / cpu_per_call:10.2f}"
                  if peer else ""), flush=True)
         records.append({"shape": c.shape, "format": c.fmt, "mx_path": c.mx_path, "T": T, "median_s": med, "weight_bytes": nbytes,
-                        "gbps": gbps, "fraction_of_bandwidth": gbps / bandwidth,
+                        "gbps": gbps, "fraction_of_bandwidth": gbps / row_bw, "read_probe_gbps": row_bw,
+                        "fraction_of_run_bandwidth": gbps / bandwidth,
                         "speedup_vs_torch": speed["torch"],
                         "speedup_vs_transformers": {k: v for k, v in speed.items() if k != "torch"},
                         "spread": spread, "cpu_normalised_gbps": cpu_gbps,
