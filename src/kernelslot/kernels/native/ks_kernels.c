@@ -493,11 +493,16 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
         return;
     }
 #endif
-    if (n > NT_MAX) tile_batch(fmt, n, tp, nkb, gx->x, out);
-    else {
-        tile_dot_any(fmt, n, tp, nkb, gx->x, res);
-        SCATTER(0, n);
-    }
+    /* AVX2, dense weights: their decode is a widen, cheaper than the decode-once store and
+     * reload, so passes of NT_MAX tokens over the tile (in L1/L2 after the first) run instead
+     * (measured: bf16 up to 13 % faster at T=16; the AVX-512 variants keep decode-once, unmeasured). */
+    if (n > NT_MAX && (KS_ISA != 1 || fmt > KS_F16)) tile_batch(fmt, n, tp, nkb, gx->x, out);
+    else
+        for (int lo = 0; lo < n; lo += NT_MAX) {
+            const int nt = n - lo < NT_MAX ? n - lo : NT_MAX;
+            tile_dot_any(fmt, nt, tp, nkb, gx->x + lo, res);
+            SCATTER(lo, nt);
+        }
 #undef SCATTER
 }
 
