@@ -8,10 +8,10 @@
  * mask turn the even / odd words of each dword into fp32.  One 32-byte load holds two rows of
  * a block (lane 0 row a, lane 1 row b, FP4 byte j = codes j, j+16), so every fp32 vector
  * carries 4 elements of row a and the same 4 of row b, and the activations are read in the
- * "pair" layout of ks_to_fp4pair by the fused kernel (<= 2 tokens; more run in passes of 2 over
- * the tile, ks_kernels.c group_tile).  Per 32 weights: 1/2
- * load, 3/2 nibble ops, 2 table loads, 2 pshufb, 2 unpacks, 4 shift/mask, and 4 FMAs per token
- * (docs/native.md).  Products are exact, sums in fp32.
+ * "pair" layout of ks_to_fp4pair by the fused kernel (passes of <= 2 tokens, for groups of up to
+ * 4); for more, chunks of the tile are decoded in natural order for ks_kernels.c's decode-once
+ * dot.  Per 32 weights: 1/2 load, 3/2 nibble ops, 2 table loads, 2 pshufb, 2 unpacks, 4
+ * shift/mask, and 4 FMAs per token (docs/native.md).  Products are exact, sums in fp32.
  */
 #include "ks_native.h"
 #include <immintrin.h>
@@ -100,4 +100,28 @@ void ks_fp4_tile_fused_avx2(int nv, int nt, const uint8_t *tile, int nkb, int bs
                             const float *const *xd, float *res) {
     if (nv) { if (nt == 1) fused(1, 1, tile, nkb, bstride, xd, res); else fused(1, 2, tile, nkb, bstride, xd, res); }
     else { if (nt == 1) fused(0, 1, tile, nkb, bstride, xd, res); else fused(0, 2, tile, nkb, bstride, xd, res); }
+}
+
+/* Blocks [kb0, kb0 + nb) of a tile as exact fp32 in natural order, buf[block][row][32] (the
+ * decode-once chunks of ks_kernels.c): unpack{lo,hi}_ps re-interleave the even / odd vectors. */
+void ks_fp4_decode_chunk_avx2(int nv, const uint8_t *tile, int kb0, int nb, int bstride, float *buf) {
+    for (int k = 0; k < nb; ++k) {
+        const uint8_t *blk = tile + (int64_t)(kb0 + k) * bstride;
+        _mm_prefetch((const char *)(blk + 4096), _MM_HINT_T0);
+        _mm_prefetch((const char *)(blk + 4096 + 64), _MM_HINT_T0);
+        for (int p = 0; p < 2; ++p) {
+            __m256 f[8];
+            if (nv) decode_pair(1, blk + 32 * p, blk + R * 16 + 4 * p, f);
+            else decode_pair(0, blk + 32 * p, blk + R * 16 + 2 * p, f);
+            float *a = buf + (k * R + 2 * p) * KS_KBLOCK, *b = a + KS_KBLOCK;
+            for (int g = 0; g < 4; ++g) {
+                const __m256 lo = _mm256_unpacklo_ps(f[2 * g], f[2 * g + 1]); /* elements 8g + 0..3 */
+                const __m256 hi = _mm256_unpackhi_ps(f[2 * g], f[2 * g + 1]); /* elements 8g + 4..7 */
+                _mm_storeu_ps(a + 8 * g, _mm256_castps256_ps128(lo));
+                _mm_storeu_ps(a + 8 * g + 4, _mm256_castps256_ps128(hi));
+                _mm_storeu_ps(b + 8 * g, _mm256_extractf128_ps(lo, 1));
+                _mm_storeu_ps(b + 8 * g + 4, _mm256_extractf128_ps(hi, 1));
+            }
+        }
+    }
 }

@@ -14,10 +14,11 @@
  * is scaled by 2^a (a = 90 - exponent of its largest finite |x|, clamped to ±126) when it is
  * permuted; products are then in the normal range (exact in the FMA) unless an activation is
  * below 2^-90 of its row's largest one.  The fused kernel sums each row-block in fp32 and folds
- * the block scale 2^(s-7) (MXFP8) in with one FMA per block, or 2^120 (FP8-row) at the end.
- * Every dot comes out times 2^a; the caller multiplies by 2^-a (exact).  More than 2 tokens run
- * in passes of 2 over the tile (ks_kernels.c group_tile).  The sums never depend on the thread
- * count; MXFP8's not on the other tokens either, FP8-row's do (a lone token sums in two chains).
+ * the block scale 2^(s-7) (MXFP8) in with one FMA per block, or 2^120 (FP8-row) at the end;
+ * for decode-once (ks_kernels.c tile_batch, groups of more than 4 tokens) chunks of the tile are
+ * stored as exact dequantised weights (w·2^(s-127), or w).  Every dot comes out times 2^a; the
+ * caller multiplies by 2^-a (exact).  The order of the sums depends on the path (fused passes of
+ * <= 2 tokens, or decode-once) and never on the thread count.
  */
 #include "ks_native.h"
 #include <immintrin.h>
@@ -122,4 +123,24 @@ INLINE void fused(const int mx, const int nt, const uint8_t *tile, int nkb, cons
 void ks_fp8_tile_fused_avx2(int mx, int nt, const uint8_t *tile, int nkb, const float *const *xf, float *res) {
     if (mx) { if (nt == 1) fused(1, 1, tile, nkb, xf, res); else fused(1, 2, tile, nkb, xf, res); }
     else { if (nt == 1) fused(0, 1, tile, nkb, xf, res); else fused(0, 2, tile, nkb, xf, res); }
+}
+
+/* Exact dequantised weights (w·2^(s-127), or w) of blocks [kb0, kb0 + nb) of a tile into
+ * buf[block][row][32] (permuted order): the decode-once chunks of ks_kernels.c.  fma(w, s, -0)
+ * is w·s, sign of zero included, and unlike vmulps takes a denormal operand (subnormal code)
+ * at full speed on this CPU. */
+void ks_fp8_decode_chunk_avx2(int mx, const uint8_t *tile, int kb0, int nb, float *buf) {
+    const int bs = R * (KS_KBLOCK + mx);
+    const __m256 nz = _mm256_set1_ps(-0.0f);
+    for (int k = 0; k < nb; ++k) {
+        const uint8_t *blk = tile + (int64_t)(kb0 + k) * bs;
+        for (int off = 0; off < bs; off += 64) _mm_prefetch((const char *)(blk + 4096 + off), _MM_HINT_T0);
+        for (int r = 0; r < R; ++r) {
+            __m256 f[4];
+            decode_row(blk + 32 * r, f);
+            const __m256 s = _mm256_set1_ps(mx ? ks_e8m0_p120_lut[blk[R * KS_KBLOCK + r]] : 0x1p120f);
+            float *o = buf + (k * R + r) * KS_KBLOCK;
+            for (int j = 0; j < 4; ++j) _mm256_storeu_ps(o + 8 * j, _mm256_fmadd_ps(f[j], s, nz));
+        }
+    }
 }

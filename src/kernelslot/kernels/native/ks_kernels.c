@@ -348,11 +348,20 @@ static float *scratch(size_t n) {
 }
 #endif
 
-#if KS_ISA != 1 /* AVX2 runs fused passes instead (group_tile) */
 #define KC 8 /* blocks per decode-once chunk: 4 rows x 256 fp32 weights = 4 KB, L1-resident */
 
 /* Blocks [kb0, kb0 + nb) of a tile, dequantised exactly (scales applied) into buf[block][row][32]. */
 static void decode_chunk(int fmt, const uint8_t *tile, int kb0, int nb, float *buf) {
+#if KS_ISA == 1
+    if (fmt == KS_FP8ROW || fmt == KS_MXFP8) { /* in the permuted order of ks_fp8_act_avx2 */
+        ks_fp8_decode_chunk_avx2(fmt == KS_MXFP8, tile, kb0, nb, buf);
+        return;
+    }
+    if (fmt == KS_MXFP4 || fmt == KS_NVFP4) {
+        ks_fp4_decode_chunk_avx2(fmt == KS_NVFP4, tile, kb0, nb, ks_block_bytes(fmt), buf);
+        return;
+    }
+#endif
     const int DB = data_bytes(fmt), SB = scale_bytes(fmt), BS = R * (DB + SB);
     for (int k = 0; k < nb; ++k) {
         const uint8_t *blk = tile + (int64_t)(kb0 + k) * BS;
@@ -416,7 +425,6 @@ static void tile_batch(int fmt, int n, const uint8_t *tile, int nkb, const float
     for (int t = 0; t < n; ++t)
         for (int r = 0; r < R; ++r) out[r * n + t] = vsum(acc[t][r]);
 }
-#endif
 
 /* The activations of one group's n pairs in every layout a kernel may read. */
 typedef struct {
@@ -429,13 +437,21 @@ typedef struct {
     float xf_unscale[KS_GROUP_MAX];
 } group_x;
 
+/* Groups of up to KS_PASS_MAX tokens run as fused passes of NT_MAX (AVX2: 2) tokens over the
+ * tile, which is in L1/L2 after the first pass; larger groups decode the tile once.  On AVX2
+ * with 2 threads (GPT-OSS shape) decode-once streamed worse for small groups (its decode bursts
+ * memory requests, its dot makes none): passes for every group size were 1.05-1.23x faster at
+ * T=8-16 for bf16, NVFP4 and MXFP8 but 1.1-1.3x slower at T=32-64 (4-8 tokens per expert);
+ * passes up to 4 tokens then decode-once kept the T=16 gain and lost nothing at T=32-64.  The
+ * AVX2 integer MX path keeps decode-once above 2 tokens (passes were no faster). */
+#ifndef KS_PASS_MAX
+#define KS_PASS_MAX (KS_ISA == 1 ? 4 : NT_MAX)
+#endif
+
 /* out[r * n + i] = <row r of tile tp, activations of pair i> for all n (<= KS_GROUP_MAX) pairs of a group:
- * n small -> decode fused with the dot; else (AVX-512, portable, and the AVX2 integer MX path)
- * the tile is decoded once and reused by every chunk of tokens.  Every path multiplies the same
- * exact weights; only fp32 summation order differs between paths (never with the thread count).
- * AVX2 runs the other formats as fused passes of <= 2 tokens over the tile (in L1/L2 after the
- * first pass): measured with 2 threads at GPT-OSS shape, decode-once streamed worse (its decode
- * bursts requests, its dot requests none) and was 3-20 % slower at T=8-16 for bf16, FP8, NVFP4. */
+ * n small -> decode fused with the dot; else the tile is decoded once and reused by every
+ * chunk of tokens.  Every path multiplies the same exact weights; only fp32 summation order
+ * differs between paths (never with the thread count). */
 static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, int n, float *out) {
     float res[R * 8];
 #define SCATTER(lo, nt) for (int r = 0; r < R; ++r) for (int t = 0; t < (nt); ++t) out[r * n + (lo) + t] = res[r * (nt) + t]
@@ -470,35 +486,35 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
         return;
     }
     if (gx->xf[0]) { /* MXFP8 / FP8-row (ks_fp8_avx2.c); results carry 2^a per token */
-        for (int lo = 0; lo < n; lo += 2) { /* passes of 2 tokens: see FUSED_PASSES below */
-            const int nt = n - lo < 2 ? n - lo : 2;
-            ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, nt, tp, nkb, gx->xf + lo, res);
-            SCATTER(lo, nt);
-        }
+        if (n > KS_PASS_MAX) tile_batch(fmt, n, tp, nkb, gx->xf, out);
+        else
+            for (int lo = 0; lo < n; lo += 2) {
+                const int nt = n - lo < 2 ? n - lo : 2;
+                ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, nt, tp, nkb, gx->xf + lo, res);
+                SCATTER(lo, nt);
+            }
         for (int r = 0; r < R; ++r)
             for (int t = 0; t < n; ++t) out[r * n + t] *= gx->xf_unscale[t];
         return;
     }
     if (gx->xd[0]) { /* MXFP4 / NVFP4, fp32 activations: fused in the pair layout, else tile_batch */
-        for (int lo = 0; lo < n; lo += 2) {
-            const int nt = n - lo < 2 ? n - lo : 2;
-            ks_fp4_tile_fused_avx2(fmt == KS_NVFP4, nt, tp, nkb, ks_block_bytes(fmt), gx->xd + lo, res);
+        if (n > KS_PASS_MAX) tile_batch(fmt, n, tp, nkb, gx->x, out);
+        else
+            for (int lo = 0; lo < n; lo += 2) {
+                const int nt = n - lo < 2 ? n - lo : 2;
+                ks_fp4_tile_fused_avx2(fmt == KS_NVFP4, nt, tp, nkb, ks_block_bytes(fmt), gx->xd + lo, res);
+                SCATTER(lo, nt);
+            }
+        return;
+    }
+#endif
+    if (n > KS_PASS_MAX) tile_batch(fmt, n, tp, nkb, gx->x, out);
+    else
+        for (int lo = 0; lo < n; lo += NT_MAX) {
+            const int nt = n - lo < NT_MAX ? n - lo : NT_MAX;
+            tile_dot_any(fmt, nt, tp, nkb, gx->x + lo, res);
             SCATTER(lo, nt);
         }
-        return;
-    }
-#endif
-#if KS_ISA != 1
-    if (n > NT_MAX) {
-        tile_batch(fmt, n, tp, nkb, gx->x, out);
-        return;
-    }
-#endif
-    for (int lo = 0; lo < n; lo += NT_MAX) {
-        const int nt = n - lo < NT_MAX ? n - lo : NT_MAX;
-        tile_dot_any(fmt, nt, tp, nkb, gx->x + lo, res);
-        SCATTER(lo, nt);
-    }
 #undef SCATTER
 }
 

@@ -112,6 +112,8 @@ void ks_pool_warm(int nth);  /* exported: wake nth-1 workers, untimed (benchmark
 /* AVX2 FP4 kernels (ks_fp4_avx2.c); nv = 1 for NVFP4, 0 for MXFP4; xd in the fp4pair layout. */
 void ks_fp4_tile_fused_avx2(int nv, int nt, const uint8_t *tile, int nkb, int bstride,
                             const float *const *xd, float *res);          /* nt <= 2 */
+/* blocks [kb0, kb0 + nb) of a tile as exact fp32 weights, buf[block][row][32] (decode-once) */
+void ks_fp4_decode_chunk_avx2(int nv, const uint8_t *tile, int kb0, int nb, int bstride, float *buf);
 /* AVX2 integer MX-path kernels for MXFP4 (ks_mxint_avx2.c). */
 void ks_mxint_tile_fused_avx2(int nt, const uint8_t *tile, int nkb, const ks_mxplanes *const *x, float *res); /* nt <= 2 */
 size_t ks_mxint_scratch_bytes(int nkb);
@@ -121,6 +123,8 @@ void ks_mxint_dot_avx2(int nt, const void *buf, int nkb, const ks_mxplanes *cons
  * ks_fp8_act_avx2; every result is the dot times 2^a of its activation row. */
 float ks_fp8_act_avx2(const float *x, int64_t n, float *xf);  /* permute, scale by 2^a; returns 2^-a */
 void ks_fp8_tile_fused_avx2(int mx, int nt, const uint8_t *tile, int nkb, const float *const *xf, float *res); /* nt <= 2 */
+/* blocks [kb0, kb0 + nb) of a tile as exact fp32 weights, buf[block][row][32] (decode-once) */
+void ks_fp8_decode_chunk_avx2(int mx, const uint8_t *tile, int kb0, int nb, float *buf);
 #endif
 
 /* Per-ISA phases, thread `tid` of `nth` (each covers a disjoint slice). */
