@@ -518,15 +518,25 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
 #undef SCATTER
 }
 
+/* Work items, taken from the phase's counter by whichever thread is free: gate/up items are
+ * (group, KS_GU_ITEM blocks of 32 I-elements), down items KS_DN_ITEM tiles of H rows across all
+ * groups (so no two threads add to the same output element).  An element is computed by the
+ * same code whichever thread takes its item, so the bits do not depend on the thread count, and
+ * a thread slowed by the host no longer holds the others at the phase barrier. */
+#define KS_GU_ITEM 2
+#define KS_DN_ITEM 16
+static inline int next_item(const ks_call *c) { return __atomic_fetch_add(c->next_item, 1, __ATOMIC_RELAXED); }
+
 void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
+    (void)tid; (void)nth;
     const ks_experts *ex = c->ex;
     const int H = ex->hidden, I = ex->inter, nkb = H / KS_KBLOCK;
-    const int nblk = I / KS_KBLOCK;   /* split on 32-element boundaries of I */
-    const int t0 = (int)((int64_t)nblk * tid / nth) * (KS_KBLOCK / 2);
-    const int t1 = (int)((int64_t)nblk * (tid + 1) / nth) * (KS_KBLOCK / 2);
+    const int nblk = I / KS_KBLOCK, per_group = (nblk + KS_GU_ITEM - 1) / KS_GU_ITEM;
     group_x gx;
     float res[R * KS_GROUP_MAX];
-    for (int g = 0; g < c->num_groups; ++g) {
+    for (int it; (it = next_item(c)) < c->num_groups * per_group;) {
+        const int g = it / per_group, b0 = it % per_group * KS_GU_ITEM;
+        const int t0 = b0 * (KS_KBLOCK / 2), t1 = (b0 + KS_GU_ITEM < nblk ? b0 + KS_GU_ITEM : nblk) * (KS_KBLOCK / 2);
         const ks_group *gr = &c->groups[g];
         const int e = gr->expert, n = gr->count;
         const uint8_t *base = ex->gate_up + (int64_t)e * (I / 2) * ex->gu_tile_stride;
@@ -572,38 +582,41 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
 }
 
 void SUFFIX(ks_down)(const ks_call *c, int tid, int nth) {
+    (void)tid; (void)nth;
     const ks_experts *ex = c->ex;
     const int H = ex->hidden, I = ex->inter, nkb = I / KS_KBLOCK, ntiles = H / R;
-    const int t0 = (int)((int64_t)ntiles * tid / nth), t1 = (int)((int64_t)ntiles * (tid + 1) / nth);
     group_x gx;
     float res[R * KS_GROUP_MAX];
-    for (int g = 0; g < c->num_groups; ++g) {
-        const ks_group *gr = &c->groups[g];
-        const int e = gr->expert, n = gr->count;
-        const uint8_t *base = ex->down + (int64_t)e * ntiles * ex->dn_tile_stride;
-        const float *rs = ex->dn_row_scale ? ex->dn_row_scale + (int64_t)e * H : NULL;
-        const float *bias = ex->dn_bias ? ex->dn_bias + (int64_t)e * H : NULL;
-        const float outer = ex->dn_outer ? ex->dn_outer[e] : 1.0f;
-        for (int t = 0; t < n; ++t) {
-            const int64_t pi = gr->first + t;
-            gx.x[t] = c->inter + pi * I;
-            gx.xd[t] = c->inter_d ? c->inter_d + pi * 2 * I : NULL;
-            gx.xb[t] = c->inter_b ? c->inter_b + pi * 2 * I : NULL;
-            if (c->inter_i) gx.xi[t] = ks_planes_row(c->inter_i, pi, I);
-            gx.xip[t] = c->inter_i ? &gx.xi[t] : NULL;
-            gx.xf[t] = c->inter_f ? c->inter_f + pi * I : NULL;
-            gx.xf_unscale[t] = c->inter_f ? c->inter_f_unscale[pi] : 1.0f;
-        }
-        for (int tile = t0; tile < t1; ++tile) {
-            group_tile(ex->format, base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);
-            for (int r = 0; r < R; ++r) {
-                const int h = R * tile + r;
-                const float s = rs ? outer * rs[h] : outer;
-                for (int t = 0; t < n; ++t) {
-                    const int pi = gr->first + t;
-                    float v = res[r * n + t] * s;
-                    if (bias) v += bias[h];
-                    c->out[(int64_t)c->pair_token[pi] * H + h] += v * c->pair_weight[pi];
+    for (int it; (it = next_item(c)) * KS_DN_ITEM < ntiles;) {
+        const int t0 = it * KS_DN_ITEM, t1 = t0 + KS_DN_ITEM < ntiles ? t0 + KS_DN_ITEM : ntiles;
+        for (int g = 0; g < c->num_groups; ++g) {
+            const ks_group *gr = &c->groups[g];
+            const int e = gr->expert, n = gr->count;
+            const uint8_t *base = ex->down + (int64_t)e * ntiles * ex->dn_tile_stride;
+            const float *rs = ex->dn_row_scale ? ex->dn_row_scale + (int64_t)e * H : NULL;
+            const float *bias = ex->dn_bias ? ex->dn_bias + (int64_t)e * H : NULL;
+            const float outer = ex->dn_outer ? ex->dn_outer[e] : 1.0f;
+            for (int t = 0; t < n; ++t) {
+                const int64_t pi = gr->first + t;
+                gx.x[t] = c->inter + pi * I;
+                gx.xd[t] = c->inter_d ? c->inter_d + pi * 2 * I : NULL;
+                gx.xb[t] = c->inter_b ? c->inter_b + pi * 2 * I : NULL;
+                if (c->inter_i) gx.xi[t] = ks_planes_row(c->inter_i, pi, I);
+                gx.xip[t] = c->inter_i ? &gx.xi[t] : NULL;
+                gx.xf[t] = c->inter_f ? c->inter_f + pi * I : NULL;
+                gx.xf_unscale[t] = c->inter_f ? c->inter_f_unscale[pi] : 1.0f;
+            }
+            for (int tile = t0; tile < t1; ++tile) {
+                group_tile(ex->format, base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);
+                for (int r = 0; r < R; ++r) {
+                    const int h = R * tile + r;
+                    const float s = rs ? outer * rs[h] : outer;
+                    for (int t = 0; t < n; ++t) {
+                        const int pi = gr->first + t;
+                        float v = res[r * n + t] * s;
+                        if (bias) v += bias[h];
+                        c->out[(int64_t)c->pair_token[pi] * H + h] += v * c->pair_weight[pi];
+                    }
                 }
             }
         }

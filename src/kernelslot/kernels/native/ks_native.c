@@ -324,11 +324,14 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     const int64_t P = count[E]; /* routed pairs */
     ks_call call = {ex, act, quant_act ? xq : h, T, groups, ng, pair_token, pair_weight, inter, quant_act, out,
                     xb, inter_b, xd, inter_d, mxint_path ? &xi : NULL, mxint_path ? &ii : NULL,
-                    xf, xf ? xf + T * ex->hidden : NULL, inter_f, inter_f ? inter_f + P_max * ex->inter : NULL, P};
+                    xf, xf ? xf + T * ex->hidden : NULL, inter_f, inter_f ? inter_f + P_max * ex->inter : NULL, P, NULL};
+    int next_item = 0;  /* reset before each phase; the pool's post publishes it */
+    call.next_item = &next_item;
     ks_task proto = {&call, h, xq, NULL, 0, 1};
     ks_pool_lock();
     if (quant_act || xd || xf) run_phase(proto, T < nthreads ? (int)T : nthreads);
     proto.fn = gu;
+    next_item = 0;
     run_phase(proto, nthreads);
 #if defined(__x86_64__)
     if (inter_f) {
@@ -337,6 +340,7 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     }
 #endif
     proto.fn = dn;
+    next_item = 0;
     run_phase(proto, nthreads);
     ks_pool_unlock();
 done:

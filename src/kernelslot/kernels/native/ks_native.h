@@ -92,6 +92,7 @@ typedef struct {
     float *inter_f;              /* AVX2 FP8: (P, I) the intermediate likewise (its own phase) */
     float *inter_f_unscale;      /* AVX2 FP8: (P,) */
     int64_t num_pairs;           /* P: routed (token, expert) pairs */
+    int *next_item;              /* the gate/up and down phases' work-item counter, 0 at each start */
 } ks_call;
 
 /* Bytes of one contraction block of a tile (data then scales of its KS_TILE_ROWS rows). */
