@@ -437,6 +437,27 @@ typedef struct {
     float xf_unscale[KS_GROUP_MAX];
 } group_x;
 
+/* The activation rows a phase reads, in every layout (NULL: absent): x / planes / xf rows of k
+ * elements, xd / xb rows of 2k. */
+typedef struct {
+    const float *x, *xd;
+    const uint16_t *xb;
+    const ks_mxplanes *xi;
+    const float *xf, *xf_unscale;
+    int64_t k;
+} act_rows;
+
+/* Slot t of gx <- row `row` of every layout of a. */
+static inline void set_row(group_x *gx, int t, const act_rows *a, int64_t row) {
+    gx->x[t] = a->x + row * a->k;
+    gx->xd[t] = a->xd ? a->xd + row * 2 * a->k : NULL;
+    gx->xb[t] = a->xb ? a->xb + row * 2 * a->k : NULL;
+    if (a->xi) gx->xi[t] = ks_planes_row(a->xi, row, a->k);
+    gx->xip[t] = a->xi ? &gx->xi[t] : NULL;
+    gx->xf[t] = a->xf ? a->xf + row * a->k : NULL;
+    gx->xf_unscale[t] = a->xf ? a->xf_unscale[row] : 1.0f;
+}
+
 /* Groups of up to KS_PASS_MAX tokens run as fused passes of NT_MAX (AVX2: 2) tokens over the
  * tile, which is in L1/L2 after the first pass; larger groups decode the tile once.  On AVX2
  * with 2 threads (GPT-OSS shape) decode-once streamed worse for small groups (its decode bursts
@@ -543,16 +564,8 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
         const float *rs = ex->gu_row_scale ? ex->gu_row_scale + (int64_t)e * 2 * I : NULL;
         const float *bias = ex->gu_bias ? ex->gu_bias + (int64_t)e * 2 * I : NULL;
         const float outer = ex->gu_outer ? ex->gu_outer[e] : 1.0f;
-        for (int t = 0; t < n; ++t) {
-            const int64_t tok = c->pair_token[gr->first + t];
-            gx.x[t] = c->x + tok * H;
-            gx.xd[t] = c->xd ? c->xd + tok * 2 * H : NULL;
-            gx.xb[t] = c->xb ? c->xb + tok * 2 * H : NULL;
-            if (c->xi) gx.xi[t] = ks_planes_row(c->xi, tok, H);
-            gx.xip[t] = c->xi ? &gx.xi[t] : NULL;
-            gx.xf[t] = c->xf ? c->xf + tok * H : NULL;
-            gx.xf_unscale[t] = c->xf ? c->xf_unscale[tok] : 1.0f;
-        }
+        const act_rows src = {c->x, c->xd, c->xb, c->xi, c->xf, c->xf_unscale, H};
+        for (int t = 0; t < n; ++t) set_row(&gx, t, &src, c->pair_token[gr->first + t]);
         for (int tile = t0; tile < t1; ++tile) {
             group_tile(ex->format, base + (int64_t)tile * ex->gu_tile_stride, nkb, &gx, n, res);
             for (int p = 0; p < 2; ++p) {
@@ -596,16 +609,8 @@ void SUFFIX(ks_down)(const ks_call *c, int tid, int nth) {
             const float *rs = ex->dn_row_scale ? ex->dn_row_scale + (int64_t)e * H : NULL;
             const float *bias = ex->dn_bias ? ex->dn_bias + (int64_t)e * H : NULL;
             const float outer = ex->dn_outer ? ex->dn_outer[e] : 1.0f;
-            for (int t = 0; t < n; ++t) {
-                const int64_t pi = gr->first + t;
-                gx.x[t] = c->inter + pi * I;
-                gx.xd[t] = c->inter_d ? c->inter_d + pi * 2 * I : NULL;
-                gx.xb[t] = c->inter_b ? c->inter_b + pi * 2 * I : NULL;
-                if (c->inter_i) gx.xi[t] = ks_planes_row(c->inter_i, pi, I);
-                gx.xip[t] = c->inter_i ? &gx.xi[t] : NULL;
-                gx.xf[t] = c->inter_f ? c->inter_f + pi * I : NULL;
-                gx.xf_unscale[t] = c->inter_f ? c->inter_f_unscale[pi] : 1.0f;
-            }
+            const act_rows src = {c->inter, c->inter_d, c->inter_b, c->inter_i, c->inter_f, c->inter_f_unscale, I};
+            for (int t = 0; t < n; ++t) set_row(&gx, t, &src, gr->first + t);
             for (int tile = t0; tile < t1; ++tile) {
                 group_tile(ex->format, base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);
                 for (int r = 0; r < R; ++r) {
