@@ -27,6 +27,7 @@ Usage: python benchmarks/moe_decode.py [--quick] [--json FILE] [--iters N] [--th
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -136,18 +137,24 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+@functools.cache
+def probe_buffer() -> torch.Tensor:
+    """The 1 GiB the read probes stream (allocated and touched once per run)."""
+    return torch.ones(1 << 30, dtype=torch.uint8)
+
+
 def measure_bandwidth(threads: int, repeats: int = 9) -> tuple[float, float, float]:
     """(median GB/s, relative spread, CPU-normalised GB/s) of a 1 GiB streaming read by the
     native kernel. CPU-normalised = bytes / (process CPU seconds / threads): what the wall rate
     would be if the threads had the cores to themselves (the box is shared)."""
-    buf = torch.ones(1 << 28, dtype=torch.float32)
+    buf = probe_buffer()
     read_bandwidth_probe(buf, threads)
     rates, cpu_rates = [], []
     for _ in range(repeats):
         t, c = time.perf_counter(), cpu_seconds()
         read_bandwidth_probe(buf, threads)
-        rates.append(buf.numel() * 4 / (time.perf_counter() - t) / 1e9)
-        cpu_rates.append(buf.numel() * 4 * threads / max(cpu_seconds() - c, 1e-9) / 1e9)
+        rates.append(buf.numel() / (time.perf_counter() - t) / 1e9)
+        cpu_rates.append(buf.numel() * threads / max(cpu_seconds() - c, 1e-9) / 1e9)
     med = statistics.median(rates)
     return med, (max(rates) - min(rates)) / med, statistics.median(cpu_rates)
 
@@ -159,7 +166,7 @@ class RowProbe:
     CHUNK = 1 << 28
 
     def __init__(self, threads: int):
-        self.buf = torch.ones(4 * self.CHUNK, dtype=torch.uint8)
+        self.buf = probe_buffer()
         self.threads, self.i, self.rates = threads, 0, []
 
     def read(self) -> None:
@@ -273,32 +280,26 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
             ids, w = routes[i]
             expert_mlp_native(x, ids, w, prepared[i % c.layers], ACT, True, c.mx_path, out, num_threads=threads)
         native(0)
-        peer_times = []
         if peer:
             peer.tokens(T)
             peer.run(0, *routes[0])
-            times, cpu_used, peer_cpu = [], 0.0, 0.0
-            for i in range(iters):  # interleaved on the same routing: ours then the peer, then the other way
-                for ours_turn in ((True, False) if i % 2 == 0 else (False, True)):
-                    if ours_turn:
-                        warm_thread_pool(threads)  # untimed, as the peer's pool is resumed untimed (steady decode)
-                        c0 = cpu_seconds()
-                        times += time_calls(lambda _: native(i), 1)
-                        cpu_used += cpu_seconds() - c0
-                    else:
-                        c0 = cpu_seconds()
-                        peer_times.append(peer.run(i % c.layers, *routes[i]))
-                        peer_cpu += cpu_seconds() - c0
-                probe.read()
-            cpu_per_call, peer_cpu_per_call = cpu_used / iters, peer_cpu / iters
-        else:
-            times, cpu_used = [], 0.0
-            for i in range(iters):
-                c0 = cpu_seconds()
-                times += time_calls(lambda _: native(i), 1)
-                cpu_used += cpu_seconds() - c0
-                probe.read()
-            cpu_per_call = cpu_used / iters  # ru_* resolution: averaged over the calls
+        times, peer_times, cpu = [], [], {"ours": 0.0, "peer": 0.0}
+
+        def ours(i):
+            warm_thread_pool(threads)  # untimed: the probe read or the peer's call ran since ours
+            c0 = cpu_seconds()
+            times.extend(time_calls(lambda _: native(i), 1))
+            cpu["ours"] += cpu_seconds() - c0
+
+        def theirs(i):
+            c0 = cpu_seconds()
+            peer_times.append(peer.run(i % c.layers, *routes[i]))  # its pool is resumed untimed too
+            cpu["peer"] += cpu_seconds() - c0
+        for i in range(iters):  # on the same routing: ours then the peer, then the other way; a probe read
+            for call in (((ours, theirs) if i % 2 == 0 else (theirs, ours)) if peer else (ours,)):
+                call(i)
+            probe.read()
+        cpu_per_call, peer_cpu_per_call = cpu["ours"] / iters, cpu["peer"] / iters  # ru_* resolution
         med = statistics.median(times)
         row_bw = probe.median()
         distinct = statistics.median(len(torch.unique(r[0])) for r in routes)

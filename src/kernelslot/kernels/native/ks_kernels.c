@@ -476,66 +476,47 @@ static inline void set_row(group_x *gx, int t, const act_rows *a, int64_t row) {
 static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, int n, float *out) {
     float res[R * 8];
 #define SCATTER(lo, nt) for (int r = 0; r < R; ++r) for (int t = 0; t < (nt); ++t) out[r * n + (lo) + t] = res[r * (nt) + t]
+/* Fused passes of at most STEP tokens: CALL computes res for tokens [lo, lo + nt). */
+#define PASSES(STEP, CALL)                          \
+    for (int lo = 0; lo < n; lo += (STEP)) {        \
+        const int nt = n - lo < (STEP) ? n - lo : (STEP); \
+        CALL;                                       \
+        SCATTER(lo, nt);                            \
+    }
 #if KS_ISA == 3
     if (gx->xb[0]) {
-        for (int lo = 0; lo < n; lo += NT_MAX) {
-            const int nt = n - lo < NT_MAX ? n - lo : NT_MAX;
-            tile_dot_bf16_any(nt, tp, nkb, gx->xb + lo, res);
-            SCATTER(lo, nt);
-        }
+        PASSES(NT_MAX, tile_dot_bf16_any(nt, tp, nkb, gx->xb + lo, res))
         return;
     }
 #endif
 #if KS_ISA == 1
     if (gx->xip[0]) { /* MXFP4 on the MX path: exact integer block sums (ks_mxint_avx2.c) */
-        if (n <= 2) {
-            ks_mxint_tile_fused_avx2(n, tp, nkb, gx->xip, res);
-            SCATTER(0, n);
-            return;
-        }
-        void *buf = scratch((ks_mxint_scratch_bytes(nkb) + sizeof(float) - 1) / sizeof(float));
+        void *buf = n > 2 ? scratch((ks_mxint_scratch_bytes(nkb) + sizeof(float) - 1) / sizeof(float)) : NULL;
         if (buf) {
             ks_mxint_tile_decode_avx2(tp, nkb, buf);
             ks_mxint_dot_avx2(n, buf, nkb, gx->xip, out); /* out is [r * n + t] */
             return;
         }
-        for (int lo = 0; lo < n; lo += 2) { /* no memory for the scratch: fused, 2 at a time */
-            const int nt = n - lo < 2 ? n - lo : 2;
-            ks_mxint_tile_fused_avx2(nt, tp, nkb, gx->xip + lo, res);
-            SCATTER(lo, nt);
-        }
+        /* <= 2 tokens, or no memory for the scratch: fused, 2 at a time */
+        PASSES(2, ks_mxint_tile_fused_avx2(nt, tp, nkb, gx->xip + lo, res))
         return;
     }
     if (gx->xf[0]) { /* MXFP8 / FP8-row (ks_fp8_avx2.c); results carry 2^a per token */
         if (n > KS_PASS_MAX) tile_batch(fmt, n, tp, nkb, gx->xf, out);
-        else
-            for (int lo = 0; lo < n; lo += 2) {
-                const int nt = n - lo < 2 ? n - lo : 2;
-                ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, nt, tp, nkb, gx->xf + lo, res);
-                SCATTER(lo, nt);
-            }
+        else PASSES(2, ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, nt, tp, nkb, gx->xf + lo, res))
         for (int r = 0; r < R; ++r)
             for (int t = 0; t < n; ++t) out[r * n + t] *= gx->xf_unscale[t];
         return;
     }
     if (gx->xd[0]) { /* MXFP4 / NVFP4, fp32 activations: fused in the pair layout, else tile_batch */
         if (n > KS_PASS_MAX) tile_batch(fmt, n, tp, nkb, gx->x, out);
-        else
-            for (int lo = 0; lo < n; lo += 2) {
-                const int nt = n - lo < 2 ? n - lo : 2;
-                ks_fp4_tile_fused_avx2(fmt == KS_NVFP4, nt, tp, nkb, ks_block_bytes(fmt), gx->xd + lo, res);
-                SCATTER(lo, nt);
-            }
+        else PASSES(2, ks_fp4_tile_fused_avx2(fmt == KS_NVFP4, nt, tp, nkb, ks_block_bytes(fmt), gx->xd + lo, res))
         return;
     }
 #endif
     if (n > KS_PASS_MAX) tile_batch(fmt, n, tp, nkb, gx->x, out);
-    else
-        for (int lo = 0; lo < n; lo += NT_MAX) {
-            const int nt = n - lo < NT_MAX ? n - lo : NT_MAX;
-            tile_dot_any(fmt, nt, tp, nkb, gx->x + lo, res);
-            SCATTER(lo, nt);
-        }
+    else PASSES(NT_MAX, tile_dot_any(fmt, nt, tp, nkb, gx->x + lo, res))
+#undef PASSES
 #undef SCATTER
 }
 

@@ -132,7 +132,7 @@ def warm_thread_pool(num_threads: Optional[int] = None) -> None:
     layer's call in a decode loop, so a call made now pays no thread wake-up. The peer benchmark
     calls it untimed before each of our timed calls, as it resumes ggml's pool before the peer's."""
     lib, _ = _lib_and_isa(None)
-    lib.ks_pool_warm(default_threads() if num_threads is None else max(1, min(64, int(num_threads))))
+    lib.ks_pool_warm(default_threads() if num_threads is None else int(num_threads))  # C clamps to 1..64
 
 
 def read_bandwidth_probe(buf: torch.Tensor, num_threads: Optional[int] = None,
