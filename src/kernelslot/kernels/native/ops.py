@@ -129,8 +129,8 @@ def mxfp8_quantize_native(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def warm_thread_pool(num_threads: Optional[int] = None) -> None:
     """Wake the native thread pool for a ``num_threads`` call (default: :func:`default_threads`)
     and return once its workers run: they spin ~200 µs before sleeping, as after the previous
-    layer's call in a decode loop, so a call made now pays no thread wake-up. The peer benchmark
-    calls it untimed before each of our timed calls, as it resumes ggml's pool before the peer's."""
+    layer's call in a decode loop, so a call made now pays no thread wake-up. benchmarks/moe_decode.py
+    calls it untimed before each of our timed calls, as its peer harness resumes ggml's pool."""
     lib, _ = _lib_and_isa(None)
     lib.ks_pool_warm(default_threads() if num_threads is None else int(num_threads))  # C clamps to 1..64
 
