@@ -79,3 +79,15 @@ def test_topk_overlap_empty_rows_agree():
     idx = torch.tensor([[-1, -1], [0, 1]])
     assert TopKOverlap(2, 1.0, mode="indices", per_row=True).compare(idx.clone(), idx).passed
     assert not TopKOverlap(2, 1.0, mode="indices", per_row=True).compare(torch.tensor([[0, -1], [0, 1]]), idx).passed
+
+
+def test_a_reference_below_the_output_dtypes_resolution_passes_a_correctly_rounded_cell():
+    """A one-cell row whose float32 reference (-8.2e-42) lies under bfloat16's subnormal step
+    (9.2e-41): the bf16 output holds -0, the correctly rounded value, and must pass (seen as a
+    false fail of the direct_activation example at --seed-base 2649038811); ten steps off still fails."""
+    expected = torch.tensor([[-8.21581e-42]], dtype=torch.float32)
+    for cmp in (AllClose(), MatchedRatio(min_ratio=0.99)):
+        assert cmp.compare(torch.tensor([[-0.0]], dtype=torch.bfloat16), expected).passed
+    far = torch.tensor([[1e-39]], dtype=torch.float32)
+    assert not AllClose().compare(torch.tensor([[0.0]], dtype=torch.bfloat16), far).passed
+    assert not AllClose().compare(torch.tensor([[0.0]], dtype=torch.float32), torch.tensor([[1e-40]])).passed

@@ -5,8 +5,11 @@ Thresholds belong to the slot, never to the bundle. Default elementwise toleranc
 A cell matches when ``|a - e| <= atol·s + rtol·|e|``, where ``s = min(1, rms(expected row))``
 (the row is the last dimension): the absolute term shrinks with a row of small magnitude, so
 zeros (or any wrong answer) on a tiny-magnitude row never hide under a fixed atol, and it is
-never larger than the fixed atol. NaN never matches; matching infinities of the same sign do,
-and an infinity matches nothing else.
+never larger than the fixed atol. Every tolerance also holds one step of the output dtype's
+subnormal grid (``smallest_normal·eps``: bfloat16 9.2e-41, float16 6.0e-8, float32 1.4e-45), so a
+reference below what the output dtype can represent (say a float32 reference of 8e-42 for a
+bfloat16 output that holds 0) never fails a correctly rounded cell. NaN never matches; matching
+infinities of the same sign do, and an infinity matches nothing else.
 
 **Margin.** Every :class:`Verdict` carries ``margin``: the comparator's worst statistic divided
 by the bound it must stay within, so ``margin > 1`` fails and ``margin <= 1`` passes (exactly
@@ -150,6 +153,14 @@ def _bound(ratio: float, limit: float) -> float:
     return 0.0 if ratio <= 0 else float("inf")
 
 
+def dtype_resolution(dtype: torch.dtype) -> float:
+    """The step of ``dtype``'s subnormal grid (its smallest positive value; 0 for non-float types)."""
+    if not dtype.is_floating_point:
+        return 0.0
+    info = torch.finfo(dtype)
+    return info.smallest_normal * info.eps
+
+
 def _tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> tuple[float, float]:
     tol = default_tol(dtype)
     return (tol if atol is None else atol), (tol if rtol is None else rtol)
@@ -159,7 +170,8 @@ def _cell_ratios(actual: torch.Tensor, expected: torch.Tensor, atol: float | Non
                  row_scaled_atol: bool = False) -> torch.Tensor:
     """Each cell's error over its tolerance ``row_atol + rtol·|e|`` (see the module docstring)."""
     a_tol, r_tol = _tolerances(actual.dtype, atol, rtol)
-    return error_ratio(actual, expected, row_atol(a_tol, expected, row_scaled_atol) + r_tol * expected.double().abs())
+    tol = row_atol(a_tol, expected, row_scaled_atol) + r_tol * expected.double().abs() + dtype_resolution(actual.dtype)
+    return error_ratio(actual, expected, tol)
 
 
 def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) -> str:
@@ -226,7 +238,7 @@ class MatchedRatio:
     def _gross_ratios(self, actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
         """Each cell's error over ``outlier_factor · (atol·min(1, rms) + rtol·rms)`` of its row."""
         atol, rtol = _tolerances(actual.dtype, self.atol, self.rtol)
-        bound = self.outlier_factor * (row_atol(atol, expected) + rtol * row_rms(expected))
+        bound = self.outlier_factor * (row_atol(atol, expected) + rtol * row_rms(expected)) + dtype_resolution(actual.dtype)
         return error_ratio(actual, expected, bound)
 
     def describe(self) -> str:
