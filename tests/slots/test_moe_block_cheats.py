@@ -40,6 +40,8 @@ def test_cheat_fails_compare(cheat: str, caught_on: str) -> None:
     assert not report.passed
     failing = [r for r in report.results if not r.passed]
     assert failing and all(r.profile == caught_on for r in failing), [r.profile for r in failing]
-    # Caught by the numbers, not by an ABI check: every failure is a compare/replay mismatch.
+    # Caught by the numbers, not by an ABI check: every failure is a numeric mismatch, on the first
+    # call, a replay or the reprepare step (which the secret call plan places at random, so whether
+    # it runs before the profile stops varies from run to run).
     names = {c.name for r in failing for c in r.failures()}
-    assert names <= {"compare", "replay"} and "compare" in names, names
+    assert names <= {"compare", "replay", "reprepare"} and "compare" in names, names
