@@ -5,7 +5,8 @@
  *
  * A tile of 4 weight rows is streamed once per chunk of up to NT_MAX tokens: every
  * 32-element block is dequantised in registers (FP4 through a 16-entry table scaled by the
- * block scale, FP8 E4M3 through an exponent-rebias bit trick, bf16/fp16 by widening) and
+ * block scale, FP8 E4M3 through an exponent-rebias bit trick, bf16 by a shift or a mask of
+ * its paired words, fp16 by widening) and
  * FMA'd against each token's activations; fp32 accumulation, one horizontal sum per
  * (row, token) at the end of the tile.
  */
@@ -121,7 +122,7 @@ INLINE vf dequant(int fmt, const uint8_t *d, int j, kctx c) {
 #if KS_ISA == 0
     switch (fmt) {
     case KS_F32: { float v; memcpy(&v, d + 4 * j, 4); return v; }
-    case KS_BF16: { uint16_t h; memcpy(&h, d + 2 * j, 2); uint32_t b = (uint32_t)h << 16; float v; memcpy(&v, &b, 4); return v; }
+    case KS_BF16: { uint16_t h; memcpy(&h, d + KS_BF16_POS(j), 2); uint32_t b = (uint32_t)h << 16; float v; memcpy(&v, &b, 4); return v; }
     case KS_F16: { uint16_t h; memcpy(&h, d + 2 * j, 2); return ks_half_to_float(h); }
     case KS_FP8ROW: case KS_MXFP8: {
         uint32_t b = d[j], bits = ((b & 0x7Fu) << 20) | ((b & 0x80u) << 24); float v;
@@ -135,9 +136,9 @@ INLINE vf dequant(int fmt, const uint8_t *d, int j, kctx c) {
 #elif KS_ISA >= 2
     switch (fmt) {
     case KS_F32: return _mm512_loadu_ps((const float *)d + 16 * j);
-    case KS_BF16: {
-        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(d + 32 * j)));
-        return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    case KS_BF16: { /* elements 0..15 by a shift (j = 0), 16..31 by a mask (j = 1) of the one load */
+        const __m512i w = _mm512_loadu_si512((const void *)d);
+        return _mm512_castsi512_ps(j ? _mm512_and_si512(w, _mm512_set1_epi32((int)0xFFFF0000u)) : _mm512_slli_epi32(w, 16));
     }
     case KS_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + 32 * j)));
     case KS_FP8ROW: case KS_MXFP8: {
@@ -154,9 +155,10 @@ INLINE vf dequant(int fmt, const uint8_t *d, int j, kctx c) {
 #else
     switch (fmt) {
     case KS_F32: return _mm256_loadu_ps((const float *)d + 8 * j);
-    case KS_BF16: {
-        __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(d + 16 * j)));
-        return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    case KS_BF16: { /* elements 8j.. by a shift (j < 2) or a mask (j >= 2) of dwords 8(j&1).. */
+        const __m256i w = _mm256_loadu_si256((const __m256i *)(d + 32 * (j & 1)));
+        return _mm256_castsi256_ps(j >= 2 ? _mm256_and_si256(w, _mm256_set1_epi32((int)0xFFFF0000u))
+                                          : _mm256_slli_epi32(w, 16));
     }
     case KS_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(d + 16 * j)));
     default: { /* MXFP4 / NVFP4 (FP8 never reaches here: ks_fp8_avx2.c) */

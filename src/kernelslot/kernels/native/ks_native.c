@@ -402,6 +402,8 @@ int ks_repack_matrix(int fmt, const uint8_t *data, int64_t row_bytes, const uint
                     uint8_t c[32];
                     for (int j = 0; j < 16; ++j) { c[2 * j] = s[j] & 15; c[2 * j + 1] = s[j] >> 4; }
                     for (int j = 0; j < 16; ++j) d[j] = (uint8_t)(c[j] | (c[j + 16] << 4));
+                } else if (fmt == KS_BF16) {
+                    for (int e = 0; e < KS_KBLOCK; ++e) memcpy(d + KS_BF16_POS(e), s + 2 * e, 2);
                 } else {
                     memcpy(d, s, (size_t)db);
                 }

@@ -6,7 +6,9 @@
  * rows' block scales ([row][scale bytes]); tiles are padded to 64 bytes.  Gate/up tiles
  * interleave rows (gate i, up i, gate i+1, up i+1); down tiles are 4 consecutive output rows.
  * FP4 rows store byte j = code[j] | code[j+16] << 4 inside each 32-element block (NVFP4:
- * elements 0..15 are the first 16-block, 16..31 the second; two E4M3 scale bytes).
+ * elements 0..15 are the first 16-block, 16..31 the second; two E4M3 scale bytes).  bf16 rows
+ * store dword p = e[p] | e[p+16] << 16 (p = 0..15) inside each 32-element block, so a shift of
+ * a load gives elements p in order and a mask of the same load elements p+16 (KS_BF16_POS).
  * Weights are dequantised exactly; products are exact; sums are fp32.
  */
 #ifndef KS_NATIVE_H
@@ -16,6 +18,8 @@
 
 #define KS_TILE_ROWS 4
 #define KS_KBLOCK 32
+/* Byte offset of element e (0..31) inside a bf16 row-block of the prepared layout. */
+#define KS_BF16_POS(e) (4 * ((e) & 15) + 2 * ((e) >> 4))
 #define KS_GROUP_MAX 64 /* pairs per expert group in one kernel pass */
 
 enum ks_format {

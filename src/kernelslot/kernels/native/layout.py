@@ -5,7 +5,9 @@ Layout (ks_native.h is the C side of this contract): contraction blocks of 32 el
 row tiles of 4 rows; each tile is ``[block][row][data bytes]`` then ``[block][row][scale
 bytes]``, padded to 64 bytes. Gate/up tile ``t`` holds the rows ``gate 2t, up 2t, gate 2t+1,
 up 2t+1`` (contraction over H); down tile ``t`` holds output rows ``4t..4t+3`` (contraction
-over I). FP4 (MXFP4, NVFP4) blocks store byte ``j = code[j] | code[j+16] << 4``; data bytes per
+over I). FP4 (MXFP4, NVFP4) blocks store byte ``j = code[j] | code[j+16] << 4``, bf16 blocks dword
+``p = e[p] | e[p+16] << 16`` (a shift of a load gives elements ``p`` in order, a mask of it
+elements ``p+16``); data bytes per
 row-block: fp32 128, bf16/fp16 64, FP8 32, FP4 16; scale bytes: MX 1 (E8M0), NVFP4 2 (E4M3,
 one per 16 elements). Per-row fp32 scales (fp8_row), per-expert outer scales (nvfp4) and the
 biases stay in logical order as fp32 arrays. Weights are never modified.
