@@ -70,7 +70,7 @@ static inline float vsum(vf a) { return a; }
 #endif
 
 #ifndef KS_PREFETCH
-#define KS_PREFETCH 4096 /* bytes ahead in the tile stream */
+#define KS_PREFETCH 1024 /* bytes ahead in the tile stream (docs/native.md, "Fifth pass") */
 #endif
 #define NV (KS_KBLOCK / VL)
 #define R KS_TILE_ROWS
