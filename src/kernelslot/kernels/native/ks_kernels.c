@@ -70,7 +70,9 @@ static inline float vsum(vf a) { return a; }
 #endif
 
 #ifndef KS_PREFETCH
-#define KS_PREFETCH 1024 /* bytes ahead in the tile stream (docs/native.md, "Fifth pass") */
+/* bytes ahead in the tile stream: AVX2 1 KB (measured on Zen 3, docs/native.md "Fifth pass"),
+ * elsewhere 4 KB (measured on an AVX-512 machine, "Figures") */
+#define KS_PREFETCH (KS_ISA == 1 ? 1024 : 4096)
 #endif
 #define NV (KS_KBLOCK / VL)
 #define R KS_TILE_ROWS
