@@ -447,11 +447,12 @@ def test_avx2_fp8_fused_token_bits_do_not_depend_on_its_partner(fmt):
         assert torch.equal(alone[0], both[t])
 
 
-@pytest.mark.parametrize("fmt", ("fp8_row", "mxfp8", "nvfp4", "bf16"))
+@pytest.mark.parametrize("fmt", ("fp8_row", "mxfp8", "nvfp4", "bf16", "f16"))
 def test_decode_once_over_several_chunks(fmt):
     """Decode-once runs over chunks of 8 contraction blocks: H = 320 and I = 288 (10 and 9
     blocks) give a full chunk and a partial one; 7 tokens on two experts, every ISA (the
-    FP8, FP4 and generic chunk decoders; MX path for MXFP8)."""
+    FP8, FP4 and generic chunk decoders; MX path for MXFP8; AVX2 bf16 runs fused passes
+    instead, f16 keeps the generic decoder covered there)."""
     h, i = 320, 288
     gen = torch.Generator().manual_seed(21)
     w, gu, dn = _make_experts(fmt, gen, True, h, i)
@@ -465,6 +466,24 @@ def test_decode_once_over_several_chunks(fmt):
             ref = _reference(x, ids, wts, w, gu, dn, ACTS["silu"], True, quant)
             rel = ((out.double() - ref).norm() / ref.norm()).item()
             assert rel < (2e-3 if quant else 1e-5), (fmt, isa, quant, rel)
+
+
+@pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")
+def test_avx2_bf16_token_bits_do_not_depend_on_the_batch():
+    """AVX2 bf16 sums each (row, token) in one order whether the token runs alone or in a
+    fused pass of 2 (and, were a group sent to decode-once, in its chunked dot): a token gives
+    the same bits alone, beside one other, or in a group of 9 on the same experts."""
+    gen = torch.Generator().manual_seed(8)
+    w, *_ = _make_experts("bf16", gen, True)
+    prep = prepare_native_experts(w)
+    x = torch.randn(9, H, generator=gen)
+    ids, wts = torch.tensor([[1, 3, 4]] * 9), torch.rand(9, K, generator=gen)
+    group = torch.zeros(9, H)
+    expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, False, group, isa="avx2")
+    for lo, hi in ((0, 1), (4, 5), (8, 9), (2, 4)):
+        part = torch.zeros(hi - lo, H)
+        expert_mlp_native(x[lo:hi], ids[lo:hi], wts[lo:hi], prep, ACTS["swigluoai"], True, False, part, isa="avx2")
+        assert torch.equal(part, group[lo:hi]), (lo, hi)
 
 
 @pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")

@@ -468,7 +468,9 @@ static inline void set_row(group_x *gx, int t, const act_rows *a, int64_t row) {
  * memory requests, its dot makes none): passes for every group size were 1.05-1.23x faster at
  * T=8-16 for bf16, NVFP4 and MXFP8 but 1.1-1.3x slower at T=32-64 (4-8 tokens per expert);
  * passes up to 4 tokens then decode-once kept the T=16 gain and lost nothing at T=32-64.  The
- * AVX2 integer MX path keeps decode-once above 2 tokens (passes were no faster). */
+ * AVX2 integer MX path keeps decode-once above 2 tokens (passes were no faster).  AVX2 bf16
+ * always runs passes: with its one-op decode, passes for every group size measured 1.02-1.12x
+ * faster than decode-once above 4 tokens at T=16-64 (docs/native.md, "Fifth pass"). */
 #ifndef KS_PASS_MAX
 #define KS_PASS_MAX (KS_ISA == 1 ? 4 : NT_MAX)
 #endif
@@ -518,7 +520,7 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
         return;
     }
 #endif
-    if (n > KS_PASS_MAX) tile_batch(fmt, n, tp, nkb, gx->x, out);
+    if (n > KS_PASS_MAX && !(KS_ISA == 1 && fmt == KS_BF16)) tile_batch(fmt, n, tp, nkb, gx->x, out);
     else PASSES(NT_MAX, tile_dot_any(fmt, nt, tp, nkb, gx->x + lo, res))
 #undef PASSES
 #undef SCATTER
