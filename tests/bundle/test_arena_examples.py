@@ -115,10 +115,12 @@ GLOO_FIX = "reduce a contiguous temporary, then copy into the output"
 def test_allreduce_fails_only_on_padded_outputs(tmp_path, capsys):
     text, ran, failed = failing("miner_allreduce_torch", tmp_path, capsys)
     assert len(failed) < len(ran), text
-    for r in failed:  # the padding, and only the padding: the values are right
+    for r in failed:  # the padding write, explained; and, on the calls whose values are compared, the
+        # view's last rows that gloo left unreduced (a numeric failure of the same cause, on a replay)
         fails = [c for c in r["checks"] if c["status"] == "fail"]
-        assert {c["name"] for c in fails} == {"out_of_bounds_write"}, fails
-        assert all(GLOO_PADDING in c["message"] and GLOO_FIX in c["message"] for c in fails)
+        names = {c["name"] for c in fails}
+        assert "out_of_bounds_write" in names and names <= {"out_of_bounds_write", "replay", "compare"}, fails
+        assert all(GLOO_PADDING in c["message"] and GLOO_FIX in c["message"] for c in fails if c["name"] == "out_of_bounds_write")
 
 
 @pytest.mark.slow
