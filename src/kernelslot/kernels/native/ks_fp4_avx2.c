@@ -10,8 +10,9 @@
  * carries 4 elements of row a and the same 4 of row b, and the activations are read in the
  * "pair" layout of ks_to_fp4pair by the fused kernel (passes of <= 2 tokens, for groups of up to
  * 4); for more, chunks of the tile are decoded in natural order for ks_kernels.c's decode-once
- * dot.  Per 32 weights: 1/2 load, 3/2 nibble ops, 2 table loads and 2 lane permutes (NVFP4; MXFP4 half), 2 pshufb, 2 unpacks, 4
- * shift/mask, and 4 FMAs per token (docs/native.md).  Products are exact, sums in fp32.
+ * dot.  Per 32 weights: 1/2 load, 3/2 nibble ops, 2 table loads and 2 lane permutes (NVFP4;
+ * MXFP4 half that), 2 pshufb, 2 unpacks, 4 shift/mask, and 4 FMAs per token (docs/native.md).
+ * Products are exact, sums in fp32.
  */
 #include "ks_native.h"
 #include <immintrin.h>

@@ -474,6 +474,8 @@ static inline void set_row(group_x *gx, int t, const act_rows *a, int64_t row) {
 #ifndef KS_PASS_MAX
 #define KS_PASS_MAX (KS_ISA == 1 ? 4 : NT_MAX)
 #endif
+/* The largest group that runs as fused passes for format fmt. */
+static inline int pass_max(int fmt) { return KS_ISA == 1 && fmt == KS_BF16 ? KS_GROUP_MAX : KS_PASS_MAX; }
 
 /* out[r * n + i] = <row r of tile tp, activations of pair i> for all n (<= KS_GROUP_MAX) pairs of a group:
  * n small -> decode fused with the dot; else the tile is decoded once and reused by every
@@ -508,19 +510,19 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
         return;
     }
     if (gx->xf[0]) { /* MXFP8 / FP8-row (ks_fp8_avx2.c); results carry 2^a per token */
-        if (n > KS_PASS_MAX) tile_batch(fmt, n, tp, nkb, gx->xf, out);
+        if (n > pass_max(fmt)) tile_batch(fmt, n, tp, nkb, gx->xf, out);
         else PASSES(2, ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, nt, tp, nkb, gx->xf + lo, res))
         for (int r = 0; r < R; ++r)
             for (int t = 0; t < n; ++t) out[r * n + t] *= gx->xf_unscale[t];
         return;
     }
     if (gx->xd[0]) { /* MXFP4 / NVFP4, fp32 activations: fused in the pair layout, else tile_batch */
-        if (n > KS_PASS_MAX) tile_batch(fmt, n, tp, nkb, gx->x, out);
+        if (n > pass_max(fmt)) tile_batch(fmt, n, tp, nkb, gx->x, out);
         else PASSES(2, ks_fp4_tile_fused_avx2(fmt == KS_NVFP4, nt, tp, nkb, ks_block_bytes(fmt), gx->xd + lo, res))
         return;
     }
 #endif
-    if (n > KS_PASS_MAX && !(KS_ISA == 1 && fmt == KS_BF16)) tile_batch(fmt, n, tp, nkb, gx->x, out);
+    if (n > pass_max(fmt)) tile_batch(fmt, n, tp, nkb, gx->x, out);
     else PASSES(NT_MAX, tile_dot_any(fmt, nt, tp, nkb, gx->x + lo, res))
 #undef PASSES
 #undef SCATTER

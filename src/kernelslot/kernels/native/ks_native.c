@@ -402,8 +402,11 @@ int ks_repack_matrix(int fmt, const uint8_t *data, int64_t row_bytes, const uint
                     uint8_t c[32];
                     for (int j = 0; j < 16; ++j) { c[2 * j] = s[j] & 15; c[2 * j + 1] = s[j] >> 4; }
                     for (int j = 0; j < 16; ++j) d[j] = (uint8_t)(c[j] | (c[j + 16] << 4));
-                } else if (fmt == KS_BF16) {
-                    for (int e = 0; e < KS_KBLOCK; ++e) memcpy(d + KS_BF16_POS(e), s + 2 * e, 2);
+                } else if (fmt == KS_BF16) { /* words 2p, 2p+1 = elements p, p+16 (KS_BF16_POS) */
+                    uint16_t e[KS_KBLOCK], w[KS_KBLOCK];
+                    memcpy(e, s, sizeof e);
+                    for (int p = 0; p < KS_KBLOCK / 2; ++p) { w[2 * p] = e[p]; w[2 * p + 1] = e[p + KS_KBLOCK / 2]; }
+                    memcpy(d, w, sizeof w);
                 } else {
                     memcpy(d, s, (size_t)db);
                 }
