@@ -54,7 +54,7 @@ def main() -> None:
         t = time.perf_counter()
         for _ in range(args.calls):
             art(x, out)
-            art.take_receipts()
+            art.take_evidence()
         launcher_s.append((time.perf_counter() - t) / args.calls)
         t = time.perf_counter()
         for _ in range(args.calls):

@@ -43,7 +43,7 @@ import torch
 
 from kernelslot.formats import quantize_mx
 from kernelslot.kernels.moe_block import ScalingMode, selective_experts
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 from kernelslot.kernels.native import (
     default_threads,
     expert_mlp_native,

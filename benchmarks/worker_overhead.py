@@ -16,9 +16,9 @@ import torch
 
 from kernelslot.abi import OutputSpec, allocate_output
 from kernelslot.slots import get_slot
-from kernelslot.verify import InProcessRunner, Runner
-from kernelslot.verify.sandbox import SandboxUnavailable, select
-from kernelslot.verify.worker import WorkerRunner
+from kernelslot.isolation.runner import InProcessRunner, Runner
+from kernelslot.isolation.sandbox import SandboxUnavailable, select
+from kernelslot.isolation.worker import WorkerRunner
 
 CALLS, WARMUP, ROUNDS = 50, 5, 3
 

@@ -177,7 +177,6 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
     import torch
 
     from kernelslot.slots import get_slot
-    from kernelslot.slots.models import MODELS
     from kernelslot.verify import VerifyOptions
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -249,9 +248,9 @@ def _targets(args: argparse.Namespace) -> tuple[list[tuple[str, list[Any]]], obj
 
 def _make_runner(args: argparse.Namespace, bundle: object | None):
     """Bundles run isolated in a worker process by default; built-in kernels are trusted code."""
-    from kernelslot.verify.worker import make_runner
+    from kernelslot.isolation import make_runner
 
-    from kernelslot.verify.sandbox import SandboxUnavailable
+    from kernelslot.isolation.sandbox import SandboxUnavailable
 
     isolate = args.isolate if args.isolate is not None else (bundle is not None or args.require_sandbox)
     if args.require_sandbox and not isolate:
@@ -272,7 +271,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from kernelslot.report.progress import VerifyProgress
     from kernelslot.slots import get_slot
     from kernelslot.verify import verify_slot
-    from kernelslot.verify.render import render_slot
+    from kernelslot.report.table import render_slot
 
     json_path = check_output_path("--json", args.json) if args.json else None
     html_path = check_output_path("--html", args.html) if args.html else None
@@ -284,9 +283,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     # cannot build or run carry the reason (Needs.blocked): their slots are "not run", the others run
     opts = _options(args, targets)
     runner = _make_runner(args, bundle)
-    from kernelslot.verify.integrity import receipt_fields
+    from kernelslot.verify.integrity import run_provenance
 
-    receipt = receipt_fields(runner)
+    receipt = run_provenance(runner)
     if not args.quiet:
         print(f"sandbox: {receipt['sandbox_detail']}; memory: {receipt['memory_cap']}; "
               f"referee sha256 {str(receipt['referee_sha256'])[:16]}", file=sys.stderr)
@@ -325,7 +324,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         not_run = [r for r in reports if r.status == "not run"]
         passed = complete and not failed and len(not_run) < len(reports)
         verdict = ("pass" if passed else "fail" if failed or not reports else "not run") if complete else "interrupted"
-        receipt = {**receipt, **receipt_fields(runner)}  # the native library may have been loaded meanwhile
+        receipt = {**receipt, **run_provenance(runner)}  # the native library may have been loaded meanwhile
         if store:
             store.finish_run(run_id, verdict)
             store.close()

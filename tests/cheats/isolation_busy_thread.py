@@ -3,7 +3,7 @@
 
 Under the worker runner the referee reads every thread's CPU time from outside (``/proc``) in
 the settle window after the call: a thread that keeps using CPU fails ``thread_left_running``.
-(A thread that merely stays alive, idle, is fine: see tests/verify/honest_kernels/idle_pool.py.)
+(A thread that merely stays alive, idle, is fine: see tests/isolation/honest_kernels/idle_pool.py.)
 """
 import threading
 

@@ -1,7 +1,7 @@
 """Does no work in the timed calls, so ``--time`` reports an unearned speedup.
 
 Checked calls always find the output poisoned (NaN, or the finite sentinel on the first replay);
-timed calls (``bench/timing.py``) find whatever the previous call left, because timing refills
+timed calls (``verify/single/timing.py``) find whatever the previous call left, because timing refills
 the inputs but neither re-poisons nor compares the outputs. When ``out`` holds no poison this
 kernel returns at once (leaving a stale result). Every check passes and the speedup is
 arbitrary. Catching it needs the timed calls checked like the others: poison before each timed

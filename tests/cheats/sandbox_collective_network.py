@@ -2,7 +2,7 @@
 the host's loopback (its port in ``$KERNELSLOT_CHEAT_HOST_PORT``, set by the test) and to a public
 address — at import and in every call; it writes a wrong sum when any connection succeeded (it
 must pass: the ranks' namespace holds only their own loopback). Run only by
-tests/verify/test_sandbox_attacks.py, which keeps the listener open and requires that it was never reached.
+tests/isolation/test_sandbox_attacks.py, which keeps the listener open and requires that it was never reached.
 """
 import os
 import socket

@@ -5,7 +5,7 @@ the zygote, sibling workers, the incumbent's worker, the referee) and signal eve
 Inside the sandbox's own PID namespace it sees only its own sandbox, whose init (the zygote)
 ignores signals from inside: it kills at most its own spare worker, and its verdict is a normal
 one (here: pass); the referee and the incumbent, in other PID namespaces, carry on.
-Run only by tests/verify/test_sandbox_attacks.py, and only inside a sandbox.
+Run only by tests/isolation/test_sandbox_attacks.py, and only inside a sandbox.
 """
 import os
 import signal

@@ -1,6 +1,6 @@
 """Sandbox cheat: open a network connection (to every TCP listener it can find on this machine,
 then to a public address); compute a wrong answer when any connection succeeded (it must pass).
-Run only by tests/verify/test_sandbox_attacks.py, which keeps a listener open on 127.0.0.1.
+Run only by tests/isolation/test_sandbox_attacks.py, which keeps a listener open on 127.0.0.1.
 """
 import socket
 

@@ -2,7 +2,7 @@
 through ``/proc/PID/mem`` and ``process_vm_writev`` (how one would patch the referee's
 comparator in memory); compute a wrong answer when any of it succeeded (it must pass).
 It writes back the bytes it read, so even a broken sandbox leaves the target unchanged.
-Run only by tests/verify/test_sandbox_attacks.py.
+Run only by tests/isolation/test_sandbox_attacks.py.
 """
 import ctypes
 import os

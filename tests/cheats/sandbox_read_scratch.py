@@ -1,6 +1,6 @@
 """Sandbox cheat: look for another worker's scratch files (the incumbent's, another candidate's)
 in the usual places and read them; compute a wrong answer when it found one (it must pass).
-Run only by tests/verify/test_sandbox_attacks.py, which plants ``ks-secret-*`` files there.
+Run only by tests/isolation/test_sandbox_attacks.py, which plants ``ks-secret-*`` files there.
 """
 import os
 

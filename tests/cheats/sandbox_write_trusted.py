@@ -2,7 +2,7 @@
 installed kernelslot package, the native kernels' build cache, $HOME, the interpreter's prefix),
 at import and in a call. It writes only a probe file it removes again, and computes a wrong
 answer when any write succeeded, so the verdict shows whether the sandbox held (it must pass).
-Run only by tests/verify/test_sandbox_attacks.py.
+Run only by tests/isolation/test_sandbox_attacks.py.
 """
 import os
 import pwd

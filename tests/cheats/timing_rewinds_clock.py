@@ -6,7 +6,7 @@ notes when its caller started the clock (the caller's ``start``, else the real t
 entered), does the work honestly, then swaps every clock it can reach for a one-shot function
 that answers that time and puts the real clock back. The call appears to take no time at all,
 every check passes, and ``--time`` used to report
-the speedup. Nothing about the result is wrong: only the physics floor (``bench/roofline.py``:
+the speedup. Nothing about the result is wrong: only the physics floor (``verify/single/roofline.py``:
 the bytes this call must move at the most this machine can move them) catches it, whatever the
 mechanism that produced the time (a lying clock, work done outside the timed window).
 """

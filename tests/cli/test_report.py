@@ -16,8 +16,8 @@ from kernelslot.report.html import render_html
 from kernelslot.report.payload import SCHEMA_VERSION, load_payload
 from kernelslot.report.progress import VerifyProgress
 from kernelslot.store import ResultStore
-from kernelslot.verify.render import COLUMNS
-from kernelslot.verify.report import ProfileResult, SlotReport
+from kernelslot.report.table import COLUMNS
+from kernelslot.verify.verdict import ProfileResult, SlotReport
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKEN = ROOT / "examples" / "broken_partial_write"

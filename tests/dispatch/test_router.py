@@ -29,8 +29,8 @@ def test_routes_inside_domain_and_falls_back_outside():
     router(CallDescriptor(num_tokens=2), x, out)
     router(CallDescriptor(num_tokens=9), x, out)
     router(CallDescriptor(), x, out)  # missing field: a mismatch, never a wildcard
-    assert router.receipts["small"].fired == 1 and router.receipts["small"].completed == 1
-    assert router.receipts[INCUMBENT].fallback == 2
+    assert router.counters["small"].fired == 1 and router.counters["small"].completed == 1
+    assert router.counters[INCUMBENT].fallback == 2
     torch.testing.assert_close(out, torch.nn.functional.silu(x[:, :4]) * x[:, 4:])
 
 
@@ -40,6 +40,6 @@ def test_failing_variant_falls_back_and_is_counted():
     x = torch.randn(3, 8)
     out = torch.full((3, 4), float("nan"))
     router(CallDescriptor(num_tokens=3), x, out)
-    r = router.receipts["broken"]
+    r = router.counters["broken"]
     assert (r.fired, r.completed, r.fallback) == (1, 0, 1) and "boom" in r.errors[0]
     assert not torch.isnan(out).any()

@@ -31,7 +31,7 @@ def test_builtins_pass_fp32(name: str) -> None:
     r = run_e2e(name, "float32", **SMALL)
     assert r.passed, r.reasons
     assert r.kl["mean"] <= 1e-8 and r.flips == 0 and r.greedy_agreement == 1.0
-    assert r.receipts["moe.fused_experts"]["builtin"]["fired_decode"] > 0
+    assert r.counters["moe.fused_experts"]["builtin"]["fired_decode"] > 0
 
 
 @pytest.mark.slow
@@ -57,7 +57,7 @@ def test_candidate_that_fires_on_no_decode_step_does_not_pass(tmp_path) -> None:
                                                            'quant = { exact = "dense" }\nphase = { exact = "prefill" }'))
     r = run_e2e("qwen3-moe", "float32", bundle=bundle, trust_unverified=True, **SMALL)
     assert not r.passed and any("no decode step" in x for x in r.reasons), r.reasons
-    table = r.receipts["moe.fused_experts"]
+    table = r.counters["moe.fused_experts"]
     assert table["builtin"]["fired_decode"] > 0  # outside the candidate's domain the built-in served
 
 
@@ -79,7 +79,7 @@ def test_cli_runs_the_referee_first_and_qualifies_only_what_passed(name: str, tm
     assert main(["e2e", str(BUNDLES / "honest_experts"), "--model", name, "--store", store, "--steps", "2"]) == 0
     # the receipt is now in the store: the second run installs without re-running the referee
     from kernelslot.bundle import load_bundle
-    from kernelslot.engines.receipts import passing_slots
+    from kernelslot.store.receipts import passing_slots
 
     assert passing_slots(store, load_bundle(BUNDLES / "honest_experts").content_hash) == {"moe.fused_experts"}
     assert main(["e2e", str(BUNDLES / "honest_experts"), "--model", name, "--store", store, "--dtype", "bfloat16",

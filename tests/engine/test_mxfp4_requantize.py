@@ -46,7 +46,7 @@ def test_native_mxfp4_serves_a_dequantised_checkpoint(how: str) -> None:
     handle = install(model, weight_format="mxfp4" if how == "explicit" else "auto")
     got = logits_of(model, ids)
     assert all(st.weights.format == "mxfp4" for st in handle.states.values())
-    assert handle.receipts()["moe.fused_experts"]["builtin"]["fallback"] == 0
+    assert handle.counters()["moe.fused_experts"]["builtin"]["fallback"] == 0
     handle.uninstall()
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kernelslot.kernels.moe_block import MoeBlockConfig, moe_block_tkg
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 from kernelslot.slots.moe_block import MoeBlockLayer
 from tests.helpers import prepare_block
 

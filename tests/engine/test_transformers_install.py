@@ -14,15 +14,15 @@ from kernelslot.kernels.moe_block import ExpertActivation
 from tests.engine.conftest import BUNDLES, logits_of, prompts
 
 
-def _receipts(handle, slot="moe.fused_experts"):
-    return handle.receipts()[slot]
+def _counters(handle, slot="moe.fused_experts"):
+    return handle.counters()[slot]
 
 
 def _installed_run(model, ids, **kwargs):
     """Logits of ``model`` with kernelslot installed, and the receipts; uninstalled afterwards."""
     handle = install(model, **kwargs)
     got = logits_of(model, ids)
-    r = _receipts(handle)
+    r = _counters(handle)
     handle.uninstall()
     return got, r
 
@@ -52,13 +52,13 @@ def test_register_then_select_by_name_at_load_and_at_run_time() -> None:
     torch.testing.assert_close(logits_of(loaded, ids), want, atol=2e-5, rtol=1e-5)
     module = experts_modules(loaded)[0][1]
     state = module._kernelslot_experts  # prepared lazily on the first call, then reused
-    assert isinstance(state, ExpertsState) and state.receipts[BUILTIN].fired == 4
+    assert isinstance(state, ExpertsState) and state.counters[BUILTIN].fired == 4
     loaded.set_experts_implementation("eager")  # run-time switch back: kernelslot no longer called
     logits_of(loaded, ids)
-    assert state.receipts[BUILTIN].fired == 4
+    assert state.counters[BUILTIN].fired == 4
     loaded.set_experts_implementation("kernelslot")
     torch.testing.assert_close(logits_of(loaded, ids), want, atol=2e-5, rtol=1e-5)
-    assert module._kernelslot_experts is state and state.receipts[BUILTIN].fired == 8
+    assert module._kernelslot_experts is state and state.counters[BUILTIN].fired == 8
 
 
 def test_attention_kernelslot_where_the_call_fits_sdpa() -> None:
@@ -67,7 +67,7 @@ def test_attention_kernelslot_where_the_call_fits_sdpa() -> None:
     want = logits_of(model, ids)
     handle = install(model, slots=("moe.fused_experts", "attention.sdpa"))
     got = logits_of(model, ids)
-    r = handle.receipts()["attention.sdpa"]
+    r = handle.counters()["attention.sdpa"]
     handle.uninstall()
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
     assert r[BUILTIN]["fired"] == r[BUILTIN]["completed"] == 2 * 4 * 2 and r[MODEL_CODE]["fired"] == 0
@@ -78,7 +78,7 @@ def test_attention_kernelslot_where_the_call_fits_sdpa() -> None:
     mask[0, 0] = 0
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
-    r = handle.receipts()["attention.sdpa"]
+    r = handle.counters()["attention.sdpa"]
     handle.uninstall()
     assert r[MODEL_CODE]["fired"] == 2 and r[BUILTIN]["fired"] == 0
 
@@ -90,7 +90,7 @@ def test_attention_bundle_candidate_serves_through_the_router(tmp_path) -> None:
     bundle = BUNDLES.parent.parent.parent / "examples" / "honest_attention"
     handle = install(model, bundle=bundle, slots=("attention.sdpa",), trust_unverified=True)
     got = logits_of(model, ids)
-    r = handle.receipts()["attention.sdpa"]
+    r = handle.counters()["attention.sdpa"]
     handle.uninstall()
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
     cand = "example-honest-attention:attention.sdpa"
@@ -116,7 +116,7 @@ def test_activation_is_identified_by_probing() -> None:
     want = logits_of(relu, ids)
     handle = install(relu)
     torch.testing.assert_close(logits_of(relu, ids), want, atol=0, rtol=0)
-    r = _receipts(handle)
+    r = _counters(handle)
     assert r[BUILTIN]["fired"] == 0 and r[MODEL_CODE]["fired"] == 8
 
 
@@ -206,7 +206,7 @@ def test_gpt_oss_bundle_call_folds_biases_losslessly() -> None:
 
 def test_receipt_lookup_needs_a_passing_run_for_the_hash_and_dtype(tmp_path) -> None:
     from kernelslot.bundle import load_bundle
-    from kernelslot.engines.receipts import passing_slots
+    from kernelslot.store.receipts import passing_slots
     from kernelslot.slots import get_slot
     from kernelslot.store import ResultStore
     from kernelslot.verify import VerifyOptions, verify_slot

@@ -11,7 +11,7 @@ from kernelslot.kernels.attention import decode
 from kernelslot.slots import get_slot
 from kernelslot.slots.base import Candidate, Case
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.pipeline import make_case
+from kernelslot.verify.single.pipeline import make_case
 from tests.helpers import cheat_kernel, failures
 
 SDPA = get_slot("attention.sdpa")

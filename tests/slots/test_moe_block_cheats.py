@@ -8,7 +8,7 @@ import pytest
 
 from kernelslot.slots.base import Candidate, Kernel
 from kernelslot.slots.moe_block import SLOTS
-from kernelslot.verify.pipeline import VerifyOptions, verify_slot
+from kernelslot.verify import VerifyOptions, verify_slot
 
 CHEATS = Path(__file__).resolve().parents[1] / "cheats"
 BLOCK = SLOTS[0]

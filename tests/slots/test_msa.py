@@ -9,7 +9,7 @@ from kernelslot.kernels.msa import msa_prefill_block_score
 from kernelslot.slots import get_slot
 from kernelslot.slots.base import Candidate, Case, OutputSpec
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.pipeline import make_case
+from kernelslot.verify.single.pipeline import make_case
 from tests.helpers import cheat_kernel, failures
 
 SCORE = get_slot("attention.msa_block_score")

@@ -13,7 +13,7 @@ from kernelslot.slots import CATALOG, get_slot
 from kernelslot.slots.draw import drawn_profiles
 from kernelslot.slots.moe_block import HOT_LOGIT, moe_block_reference
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.pipeline import describe, make_case
+from kernelslot.verify.single.pipeline import describe, make_case
 
 
 def _profiles(slot: str, prefix: str) -> list:

@@ -18,8 +18,8 @@ from kernelslot.abi import Role, SlotKind
 from kernelslot.slots import CATALOG, Candidate, Kernel, get_slot
 from kernelslot.slots.collective import rank_shares
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.collective import CollectiveSession, verify_collective
-from kernelslot.verify.pipeline import make_case
+from kernelslot.verify.collective.referee import CollectiveSession, verify_collective
+from kernelslot.verify.single.pipeline import make_case
 
 COLLECTIVE = sorted(name for name, d in CATALOG.items() if d.slot.kind is SlotKind.COLLECTIVE)
 SHORT_DEADLINE = 5.0  # seconds per call, for the cheats that hang
@@ -85,7 +85,7 @@ def test_builtin_collectives_pass(world, pools):
 
 
 def test_verify_slot_routes_collectives(monkeypatch):
-    import kernelslot.verify.collective as referee
+    import kernelslot.verify.collective.referee as referee
 
     calls = []
     monkeypatch.setattr(referee, "verify_collective", lambda defn, cands, opts, progress, sessions=None: calls.append(defn.name) or "routed")
@@ -97,11 +97,11 @@ def test_dependency_runs_one_way():
     """The pipeline knows nothing of collectives; the front door (verify/referee.py) dispatches by slot kind."""
     import inspect
 
-    import kernelslot.verify.pipeline as pipeline
+    import kernelslot.verify.single.pipeline as pipeline
 
     assert "verify.collective" not in inspect.getsource(pipeline)
     with pytest.raises(ValueError, match="collective slot"):
-        pipeline.verify_slot(get_slot("collective.all_reduce"), Candidate(get_slot("collective.all_reduce").incumbent))
+        pipeline.verify_single(get_slot("collective.all_reduce"), Candidate(get_slot("collective.all_reduce").incumbent))
 
 
 def _cheat(name: str) -> tuple[object, Candidate]:

@@ -10,7 +10,7 @@ import torch
 
 from kernelslot.slots import Candidate, get_slot
 from kernelslot.verify import VerifyOptions
-from kernelslot.verify.collective import verify_collective
+from kernelslot.verify.collective.referee import verify_collective
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (NCCL)")]
 OPTS = VerifyOptions(device="cuda", world_sizes=(2,), dtypes=(torch.bfloat16,), profiles=("decode_batch.w2",))

@@ -6,7 +6,7 @@ import pytest
 from kernelslot.abi import CallDescriptor, CapabilityDomain, SlotKind
 from kernelslot.slots import CATALOG, Candidate, get_slot
 from kernelslot.verify.envelope import boundary_profiles, case_bytes, envelope_domain, verified_envelope
-from kernelslot.verify.pipeline import describe, make_case
+from kernelslot.verify.single.pipeline import describe, make_case
 
 SIZED = sorted(n for n in CATALOG if get_slot(n).sizes and get_slot(n).slot.kind is not SlotKind.COLLECTIVE)
 HEAVY = {"attention.decode", "moe.block_tkg", "attention.msa_prefill_block_score", "attention.msa_block_score"}  # seconds each

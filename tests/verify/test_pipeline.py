@@ -9,7 +9,8 @@ from kernelslot.abi import CapabilityDomain, OutputSpec, allocate_output
 from kernelslot.abi.tensor_spec import FINITE_POISON
 from kernelslot.slots import Candidate, Kernel, get_slot
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.pipeline import plan_for, planner_for
+from kernelslot.verify.plan import planner_for
+from kernelslot.verify.single.pipeline import plan_for
 from kernelslot.verify.plan import STEP_DRAW, Planner, refill_inputs
 
 F32 = VerifyOptions(dtypes=(torch.float32,))
@@ -157,11 +158,11 @@ def test_router_routes_only_inside_the_verified_envelope_and_shadow_checks():
     out = torch.empty(4, 128)
     honest = SlotRouter(defn, [cand], shadow_rate=1.0)
     honest(CallDescriptor(num_tokens=4), x, w, out, 1e-6)
-    assert honest.receipts["variant"].shadowed == 1 and honest.receipts["variant"].shadow_mismatch == 0
+    assert honest.counters["variant"].shadowed == 1 and honest.counters["variant"].shadow_mismatch == 0
 
     liar = SlotRouter(defn, [Candidate(Kernel(_zeros_in_serving, name="liar"), label="liar")], shadow_rate=1.0)
     liar(CallDescriptor(num_tokens=4), x, w, out, 1e-6)
-    assert liar.receipts["liar"].shadow_mismatch == 1 and "liar" in liar.disabled
+    assert liar.counters["liar"].shadow_mismatch == 1 and "liar" in liar.disabled
     assert torch.allclose(out, x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6))  # the incumbent's answer
     assert liar.route(CallDescriptor(num_tokens=4)) == "incumbent"
 
@@ -179,7 +180,7 @@ def _never_called(*args):
 
 
 def test_prepare_failure_names_type_message_and_frame_and_unrun_checks_are_skipped():
-    from kernelslot.verify.render import render_slot
+    from kernelslot.report.table import render_slot
 
     defn = get_slot("moe.block_tkg")
     report = verify_slot(defn, Candidate(Kernel(_never_called, _bad_prepare, name="bad")),
@@ -204,9 +205,9 @@ def test_tie_partition_and_admissible_rows():
 
 
 def test_timing_summary_marks_overlapping_spreads_as_noise():
-    from kernelslot.bench.timing import time_interleaved
+    from kernelslot.verify.single.timing import time_interleaved
     from kernelslot.verify.plan import TimingPlan
-    from kernelslot.verify.runner import CallObservation
+    from kernelslot.isolation.runner import CallObservation
 
     plan = TimingPlan(1, 4, ("nan",) * 5, (0,) * 5)
     order: list[str] = []

@@ -10,11 +10,12 @@ import torch
 
 from kernelslot.slots import CATALOG, Candidate, Kernel, get_slot
 from kernelslot.slots.base import KernelSource
-from kernelslot.verify import VerifyOptions, pipeline, verify_slot
+from kernelslot.verify import VerifyOptions, verify_slot
+from kernelslot.verify.single import pipeline
 from kernelslot.verify.plan import Planner
-from kernelslot.verify.scratch import poisoned_scratch
-from kernelslot.verify.worker import WorkerRunner
-from tests.verify.test_worker import CHEATS_DIR
+from kernelslot.isolation.scratch import poisoned_scratch
+from kernelslot.isolation.worker import WorkerRunner
+from tests.isolation.test_worker import CHEATS_DIR
 
 # cheat: (the check that catches it, the profile it runs on)
 STEPS = {"prepared_cache_by_weight_address": ("reprepare", "ragged_batch_nonpow2"),

@@ -11,6 +11,7 @@ import ast
 import hashlib
 import importlib.util
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -279,3 +280,21 @@ def resolve_callables(source: KernelSource) -> tuple[Callable, Callable | None]:
         o = source.override
         return compose(o.base, o.point, get(o.attr), model_profile(o.model).activation)
     return get(source.entry), get(source.prepare) if source.prepare else None
+
+
+class CandidateLoadError(RuntimeError):
+    """Importing a candidate's source failed (the message holds the traceback)."""
+
+
+def resolve_kernel(kernel: Kernel) -> tuple[Callable, Callable | None]:
+    """The kernel's callables, importing its source (e.g. a bundle file) when it has none yet.
+
+    Imports run in the calling process: the referee calls this only inside a sandboxed child, or
+    for trusted (built-in) kernels and explicit in-process runs.
+    """
+    if kernel.entry is not None:
+        return kernel.entry, kernel.prepare
+    try:
+        return resolve_callables(kernel.origin())
+    except Exception:
+        raise CandidateLoadError(f"{kernel.name}: loading the candidate failed:\n" + traceback.format_exc(limit=6)) from None

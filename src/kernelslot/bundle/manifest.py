@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelslot.abi import CapabilityDomain, canonical_arch, domains_overlap
-from kernelslot.bundle.direct.spec import DIRECT_KEYS, DirectError, is_direct_row, parse_direct
+from kernelslot.bundle.direct.spec import DIRECT_KEYS, PROVIDERS, DirectError, is_direct_row, parse_direct
 from kernelslot.bundle.domain import DomainError, effective_domain
 from kernelslot.kernels.moe_overrides import BASES, find_base
 from kernelslot.slots import CATALOG
@@ -160,9 +160,9 @@ def _parse_op(root: Path, path: Path, i: int, row: Any) -> OpRow:
         raise _err(path, f"{where}.variant", f"must be a non-empty string, got {variant!r}")
     if not isinstance(row.get("graph_safe", False), bool):
         raise _err(path, f"{where}.graph_safe", f"must be true or false, got {row['graph_safe']!r}")
-    if direct is not None and direct.provider == "native.elf.v1":  # runs on the CPU only
+    if direct is not None and PROVIDERS[direct.provider].device == "cpu":  # runs on the CPU only
         if "architectures" in row and set(map(canonical_arch, row["architectures"])) - {"cpu"}:
-            raise _err(path, f"{where}.architectures", "a native.elf.v1 artifact runs on the CPU only; allowed: cpu")
+            raise _err(path, f"{where}.architectures", f"a {direct.provider} artifact runs on the CPU only; allowed: cpu")
         row = {**row, "architectures": ["cpu"]}
     if not isinstance(row.get("domain", {}), dict):
         raise _err(path, f"{where}.domain", "must be a table of {field = {predicate = value}}")

@@ -1,4 +1,4 @@
-"""Capability routing of live calls to admitted candidates, with receipts."""
-from kernelslot.dispatch.router import INCUMBENT, Receipts, RoutedPrepared, SlotRouter
+"""Capability routing of live calls to admitted candidates, with per-variant call counters."""
+from kernelslot.dispatch.router import INCUMBENT, RouteCounters, RoutedPrepared, SlotRouter
 
-__all__ = ["INCUMBENT", "Receipts", "RoutedPrepared", "SlotRouter"]
+__all__ = ["INCUMBENT", "RouteCounters", "RoutedPrepared", "SlotRouter"]

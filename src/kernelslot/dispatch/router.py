@@ -26,14 +26,15 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from kernelslot.abi import CallDescriptor, CapabilityDomain, Role, domains_overlap
+import kernelslot.isolation  # noqa: F401 - serving loads the modules a sandboxed worker holds: sys.modules tells neither apart (docs/threat-model.md, "Identity")
+from kernelslot.bundle.loader import resolve_kernel
 from kernelslot.slots.base import Candidate, Kernel, SlotDef
-from kernelslot.verify.runner import resolve_kernel
 
 INCUMBENT = "incumbent"
 
 
 @dataclass
-class Receipts:
+class RouteCounters:
     fired: int = 0
     completed: int = 0
     fallback: int = 0
@@ -65,7 +66,7 @@ class SlotRouter:
         self.incumbent = incumbent or defn.incumbent
         self._callables = {c.name: resolve_kernel(c.kernel) for c in self.candidates}
         self._callables[INCUMBENT] = resolve_kernel(self.incumbent)
-        self.receipts: dict[str, Receipts] = {name: Receipts() for name in self._callables}
+        self.counters: dict[str, RouteCounters] = {name: RouteCounters() for name in self._callables}
         self._prepared_pos = next((i for i, a in enumerate(defn.slot.args) if a.role is Role.PREPARED), None)
         self._lock = threading.Lock()
         self.verified = dict(verified or {})
@@ -104,22 +105,22 @@ class SlotRouter:
         name = self.route(desc)
         if name != INCUMBENT:
             with self._lock:
-                self.receipts[name].fired += 1
+                self.counters[name].fired += 1
             try:
                 self._callables[name][0](*self._args_for(name, args))
             except Exception as exc:  # the incumbent rewrites every output below
                 with self._lock:
-                    self.receipts[name].errors.append(f"{type(exc).__name__}: {exc}")
+                    self.counters[name].errors.append(f"{type(exc).__name__}: {exc}")
             else:
                 with self._lock:
-                    self.receipts[name].completed += 1
+                    self.counters[name].completed += 1
                 if self.shadow_rate and self._rng.random() < self.shadow_rate:
                     self._shadow(name, args)
                 return
         with self._lock:
-            self.receipts[INCUMBENT].fallback += 1
+            self.counters[INCUMBENT].fallback += 1
             if name != INCUMBENT:
-                self.receipts[name].fallback += 1
+                self.counters[name].fallback += 1
         self._callables[INCUMBENT][0](*self._args_for(INCUMBENT, args))
 
     def _shadow(self, name: str, args: tuple) -> None:
@@ -133,13 +134,13 @@ class SlotRouter:
                 if not verdict.passed:
                     problems.append(f"{a.name}: {verdict.describe()}")
         with self._lock:
-            self.receipts[name].shadowed += 1
+            self.counters[name].shadowed += 1
             if problems:
-                self.receipts[name].shadow_mismatch += 1
-                self.receipts[name].errors.append("shadow check against the incumbent failed: " + "; ".join(problems))
+                self.counters[name].shadow_mismatch += 1
+                self.counters[name].errors.append("shadow check against the incumbent failed: " + "; ".join(problems))
                 self.disabled.add(name)
-                self.receipts[name].fallback += 1
-                self.receipts[INCUMBENT].fallback += 1
+                self.counters[name].fallback += 1
+                self.counters[INCUMBENT].fallback += 1
         for i, a in enumerate(self.defn.slot.args):
             if problems and a.role is Role.OUTPUT and isinstance(args[i], torch.Tensor):
                 args[i].copy_(copies[i])

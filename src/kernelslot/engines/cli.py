@@ -53,10 +53,10 @@ def render(report) -> str:
         vs32 = ", ".join(f"{k} {v:.2g}" for k, v in report.extra["fp32_vs_stock_kl"].items())
         lines.append(f"  stock floor (KL vs pristine): {floors}")
         lines.append(f"  KL vs fp32: stock {vs32}; candidate {report.extra['fp32_vs_candidate_kl']['mean']:.3g}")
-    for slot, table in report.receipts.items():
+    for slot, table in report.counters.items():
         cells = "; ".join(f"{n}: fired {r['fired']} (decode {r['fired_decode']}) completed {r['completed']} "
                           f"fallback {r['fallback']}" for n, r in table.items() if r["fired"] or r["fallback"])
-        lines.append(f"  receipts {slot}: {cells or 'nothing fired'}")
+        lines.append(f"  counters {slot}: {cells or 'nothing fired'}")
     lines.append(("PASS" if report.passed else "FAIL: " + "; ".join(report.reasons)))
     return "\n".join(lines)
 
@@ -68,7 +68,7 @@ def cmd_e2e(args: argparse.Namespace) -> int:
         print(f"kernelslot: e2e not run: transformers is not importable ({exc})", file=sys.stderr)
         return EXIT_NOT_RUN
     from kernelslot.engines.e2e import run_e2e
-    from kernelslot.engines.receipts import default_store, qualify
+    from kernelslot.engines.qualify import default_store, qualify
 
     for name in ("prompts", "prompt_len"):
         if getattr(args, name) < 1:

@@ -16,7 +16,7 @@ near-uniform logits that make KL blind), then on the same weights and prompts ru
 Reported: per-layer relative error of the prefill hidden states, KL(pristine ‖ candidate) over
 the full vocabulary at every prefill and decode position (mean, p99, max), margin-gated argmax
 flips, greedy agreement and first divergence (teacher-forced: the first step where the
-candidate's argmax differs from the pristine token), and the installation's receipts.
+candidate's argmax differs from the pristine token), and the installation's counters.
 
 The gate (:data:`GATE`): fp32 — mean KL ≤ 1e-8 and no flips; bf16/fp16 — mean KL ≤
 ``floor_multiple`` × max(the largest stock-pair KL, ``floor_min``) and KL(fp32 ‖ candidate) ≤
@@ -63,7 +63,7 @@ class E2EReport:
     greedy_agreement: float
     first_divergence: list[Optional[int]]
     layer_rel_error: list[float]
-    receipts: dict[str, Any]
+    counters: dict[str, Any]
     qualified: list[str]
     entropy: float
     extra: dict[str, Any] = field(default_factory=dict)
@@ -141,11 +141,11 @@ def _rel_errors(ref: list[torch.Tensor], got: list[torch.Tensor]) -> list[float]
     return [float((g - r).norm() / r.norm().clamp(min=1e-30)) for r, g in zip(ref, got)]
 
 
-def _qualified_receipts(receipts: dict[str, Any], variants: list[str]) -> tuple[int, int, int, list[str]]:
+def _qualified_counters(counters: dict[str, Any], variants: list[str]) -> tuple[int, int, int, list[str]]:
     fired = decode = fallback = 0
     errors: list[str] = []
-    for slot_receipts in receipts.values():
-        for name, r in slot_receipts.items():
+    for slot_counters in counters.values():
+        for name, r in slot_counters.items():
             if name in variants:
                 fired += r["fired"]
                 decode += r["fired_decode"]
@@ -178,7 +178,7 @@ def run_e2e(model_name: str, dtype: str = "float32", *, bundle: Any = None, stor
     cand_model = variant("eager", dt)
     handle = install(cand_model, bundle=bundle, slots=slots, store=store, trust_unverified=trust_unverified)
     cand = run_trace(cand_model, ids, steps, forced=pristine.tokens)
-    receipts = handle.receipts()
+    counters = handle.counters()
     handle.uninstall()
 
     kl = kl_stats(pristine.logits, cand.logits)
@@ -208,8 +208,8 @@ def run_e2e(model_name: str, dtype: str = "float32", *, bundle: Any = None, stor
         if kl_cand_fp32["mean"] > worst:
             reasons.append(f"KL against fp32 {kl_cand_fp32['mean']:.3g} is worse than pristine's "
                            f"(largest of the stock implementations: {stock_fp32:.3g}; bound {worst:.3g})")
-    qualified = _qualified_variants(receipts, bundle is not None)
-    fired, fired_decode, fallback, errors = _qualified_receipts(receipts, qualified)
+    qualified = _qualified_variants(counters, bundle is not None)
+    fired, fired_decode, fallback, errors = _qualified_counters(counters, qualified)
     if not fired:
         reasons.append(f"the qualified variant(s) {', '.join(qualified) or '(none)'} never fired")
     elif not fired_decode:
@@ -217,7 +217,7 @@ def run_e2e(model_name: str, dtype: str = "float32", *, bundle: Any = None, stor
     if fallback or errors:
         reasons.append(f"{fallback} fallback(s); errors: {'; '.join(errors[:3]) or 'none'}")
     return E2EReport(model_name, dtype, not reasons, reasons, kl, flips, ties, agreement, first,
-                     _rel_errors(pristine.hidden, cand.hidden), receipts, qualified, measured_entropy, extra)
+                     _rel_errors(pristine.hidden, cand.hidden), counters, qualified, measured_entropy, extra)
 
 
 def _stock_traces(master: torch.nn.Module, dt: torch.dtype, ids: torch.Tensor, steps: int,
@@ -238,10 +238,10 @@ def _stock_traces(master: torch.nn.Module, dt: torch.dtype, ids: torch.Tensor, s
     return out
 
 
-def _qualified_variants(receipts: dict[str, Any], from_bundle: bool) -> list[str]:
+def _qualified_variants(counters: dict[str, Any], from_bundle: bool) -> list[str]:
     from kernelslot.engines.transformers.experts import BUILTIN, MODEL_CODE
 
-    names = {n for slot in receipts.values() for n in slot}
+    names = {n for slot in counters.values() for n in slot}
     if from_bundle:
         return sorted(names - {BUILTIN, MODEL_CODE})
     return [BUILTIN]

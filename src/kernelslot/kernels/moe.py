@@ -1,10 +1,34 @@
 """Built-in ``moe.fused_experts`` kernels: the MoE block's selective leaf behind the slot ABI.
 
-``prepare`` accepts the slot's two forms: dense ``prepare(w13, w2)`` and the tagged NVFP4 view
-``prepare("nvfp4_layer", Nvfp4MoeLayer)``; it returns :class:`ExpertWeights` (the NVFP4 scales
-unswizzled once here, the outer scale ``g_alpha·a_inv`` folded per expert). The activation is
-a model fact, so there is one entry per activation family; the slot routes between them by
-the ``model`` field of the call descriptor.
+The slot ``moe.fused_experts`` takes routing as given (the engine's top-K ids and weights) and
+computes only the experts; these entries are its built-in kernels, thin wrappers over
+:func:`~kernelslot.kernels.moe_block.fused_experts_forward`. ``prepare`` accepts the slot's two
+forms, dense ``prepare(w13, w2)`` and the tagged NVFP4 view ``prepare("nvfp4_layer",
+Nvfp4MoeLayer)``, and returns :class:`ExpertWeights` (the native layout attached where covered). The
+activation is a model fact, so there is one entry per activation family; the slot routes
+between them by the ``model`` field of the call descriptor.
+
+Dimensions:
+    M tokens, H hidden, E experts, K top-k, I intermediate.
+
+Arguments:
+    prepare      dense ``w13 (E, 2I, H)`` (gate rows then up rows), ``w2 (E, H, I)``; or the
+                 NVFP4 view: packed E2M1 ``w13_weight (E, 2I, H/2)`` / ``w2_weight (E, H, I/2)``,
+                 128×4-swizzled E4M3 block scales (16 along the contraction dim),
+                 ``g1/g2_alphas`` and ``a1/a2_inv``.
+    entries      ``x (M, H)``; ``topk_ids (M, K)`` in ``[0, E)`` or ``-1`` (contributes
+                 nothing); ``topk_weights (M, K)`` applied as given; ``prepared``; ``out (M, H)``.
+
+Writes:
+    ``out`` (M, H), in its own dtype and strides; the entries return None.
+
+Pseudocode::
+
+    prepare(nvfp4): scales = unswizzle_128x4(...) once; outer = g_alphas · a_inv per expert
+    entry:  out[m] = Σ_k w[m, k] · a·W2[e]ᵀ,  e = topk_ids[m, k],  g | u = x[m]·W13[e]ᵀ   # fp32
+            a = silu(g)·u                                      (fused_experts_silu)
+            a = swigluoai(α=1.702, limit=7): g'·σ(α·g')·(u'+1)  (fused_experts_swigluoai;
+                g' = min(g, 7), u' = clamp(u, -7, 7); GPT-OSS, MiniMax-M3)
 """
 from __future__ import annotations
 

@@ -14,8 +14,26 @@ epilogue → GEMM2 → weighted finalize). The arena calls the same block
 - ``down_epilogue(y) -> y``: ``y (N, H)``, the expert's GEMM2 output before its routing
   weight; returns ``(N, H)``. Identity by default.
 
+Dimensions:
+    M tokens, N the tokens routed to one expert, H hidden, E experts, K top-k, I intermediate.
+
+Arguments (:func:`compose`): ``base`` (name or alias), ``point``, ``fn`` (the override),
+``act`` (the default activation). The composed entry takes the slot's ``x (M, H)``,
+``topk_ids (M, K)`` (``-1`` contributes nothing), ``topk_weights (M, K)``, ``prepared``,
+``out (M, H)``.
+
+Returns: ``(entry, prepare)``; the entry writes ``out`` and returns None.
+
+Pseudocode::
+
+    for e in routed ids:  rows (m, k) with topk_ids[m, k] == e
+        g | u   = x[m]·W13[e]ᵀ (+ b13)                   # dequantised per expert, fp32
+        y       = down_epilogue((gemm1_epilogue(g, u))·W2[e]ᵀ (+ b2))
+        acc[m] += topk_weights[m, k] · y
+    out.copy_(acc)
+
 The composition runs the torch path of the built-in experts (per-expert dequantisation of any
-:data:`~kernelslot.kernels.moe_block.spec.EXPERT_FORMATS` weights, fp32 accumulation), never a
+:data:`~kernelslot.kernels.experts_spec.EXPERT_FORMATS` weights, fp32 accumulation), never a
 native fast path, so the override sees exactly the tensors described above. An override that
 returns anything but a tensor of the shape it was given raises.
 """
@@ -29,7 +47,7 @@ import torch
 from kernelslot.kernels import moe as builtin
 from kernelslot.kernels.moe_block.expert_weights import expert_projection
 from kernelslot.kernels.moe_block.projections import gated_activation
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Reports a person reads: the JSON report (schema in docs/report-schema.md), the HTML page,
 and comparisons of stored runs. Everything here renders from the JSON payload, so a fresh run,
 an earlier ``--json`` file and a run read back from the SQLite store look the same."""
-from kernelslot.report.payload import SCHEMA_VERSION, ReportError, build_payload, load_payload
+from kernelslot.report.payload import ReportError
 
-__all__ = ["SCHEMA_VERSION", "ReportError", "build_payload", "load_payload"]
+__all__ = ["ReportError"]

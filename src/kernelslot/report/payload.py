@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from kernelslot.verify.render import COLUMNS
-from kernelslot.verify.report import FAIL, PASS, SKIP, SlotReport
+from kernelslot.report.table import COLUMNS
+from kernelslot.verify.verdict import FAIL, PASS, SKIP, SlotReport
 
 SCHEMA_VERSION = 1
 KIND = "kernelslot.verify"

@@ -14,7 +14,7 @@ from typing import Any
 def expected_runs(targets: list[tuple[str, list[Any]]], opts: Any) -> dict[str, int]:
     """Slot name -> the number of profile runs the filters select (an estimate for collectives)."""
     from kernelslot.slots import get_slot
-    from kernelslot.verify.pipeline import select_profiles
+    from kernelslot.verify.single.pipeline import select_profiles
 
     out = {}
     for name, cands in targets:

@@ -197,7 +197,7 @@ class Traffic:
 
     A lower bound, never an estimate: only what every honest implementation touches (each output
     cell is written, every input the result depends on wholly is read; a prepared weight counts
-    where every call needs it). ``bench/roofline.py`` turns it into the call's physics floor.
+    where every call needs it). ``verify/single/roofline.py`` turns it into the call's physics floor.
     """
 
     bytes: int
@@ -245,7 +245,7 @@ class SlotDef:
     # (CallDescriptor field, profile dimension that sets it[, fit]) for verify/envelope.py boundary profiles;
     # fit(dims, target) -> the dims of a valid case near target (other dims adjusted), or None if none
     sizes: tuple[tuple[str, str] | tuple[str, str, Callable[[dict, int], dict | None]], ...] = ()
-    # the least bytes/flops of one call (bench/roofline.py physics floor); default: its outputs, written once
+    # the least bytes/flops of one call (verify/single/roofline.py physics floor); default: its outputs, written once
     traffic: Callable[[Case], Traffic] = output_traffic
     # Named near-misses the comparator must reject (verify/oracle.py), with the slot's semantics.
     near_misses: tuple[NearMiss, ...] = ()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kernelslot.kernels.moe_block.spec import ExpertActivation
+from kernelslot.kernels.experts_spec import ExpertActivation
 
 
 @dataclass(frozen=True)

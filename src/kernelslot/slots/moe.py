@@ -29,7 +29,7 @@ from kernelslot.abi import (AllOf, Arg, CallDescriptor, CapabilityDomain, Cosine
                            ScaleLinear, Slot, SlotKind)
 from kernelslot.formats import dequantize_moe_layer_nvfp4, quantize_moe_layer_nvfp4
 from kernelslot.kernels import moe as builtin
-from kernelslot.kernels.moe_block.spec import ExpertActivation
+from kernelslot.kernels.experts_spec import ExpertActivation
 from kernelslot.slots.base import (LOW_BIT, Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic,
                                    multiple_of, nbytes, output_traffic, randn)
 from kernelslot.slots.models import model_profile

@@ -1,5 +1,9 @@
 """Slot ``moe.block_tkg``: the fused MoE decode block (seed 003), verified end to end.
 
+Seed 003 is the MoE decode megakernel source document the project was created from (a
+walkthrough of nkilib's ``moe_block_tkg``); docs/moe_block.md says where the block follows and
+where it deliberately differs from it.
+
 ``prepare("moe_block", layer) -> prepared``;
 ``entry(x, residual, prepared, eps, out, out_residual, router_logits) -> None``.
 
@@ -35,8 +39,9 @@ from kernelslot.formats.elements import to_e4m3
 from kernelslot.formats.mx import dequantize_mx, quantize_mx
 from kernelslot.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from kernelslot.kernels.moe_block import moe_block_tkg, prepare_moe_block
-from kernelslot.kernels.moe_block.config import MoeBlockConfig, ScalingMode, SharedExpert
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ScalingMode
+from kernelslot.kernels.moe_block.config import MoeBlockConfig, SharedExpert
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 from kernelslot.slots.base import (LOW_BIT, Case, Kernel, NearMiss, OutputSpec, Pick, Profile, SlotDef, Traffic,
                                    multiple_of, nbytes, output_traffic, randn)
 from kernelslot.slots.models import MODELS
@@ -476,7 +481,9 @@ def _p(name: str, model: str, dtypes: tuple[torch.dtype, ...], **dims) -> tuple[
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
 _PROFILES: tuple[Profile, ...] = (
-    # generic: softmax over all E, no renormalisation -> the keystone index mask is live.
+    # generic: softmax over all E, no renormalisation -> the keystone index mask is live (the keystone:
+    # the seed's name for router_pre_norm ∧ ¬norm_topk_prob, the one case where the router leaves dense
+    # affinities and the all-expert path must re-apply the top-K mask).
     *_p("t1_selective_dense", "generic", (F32, BF16, F16), T=1, H=128, I=64, E=8, K=2, strategy="selective",
         residual=True, logits=True),
     *_p("t7_all_expert_ep_rank1", "generic", (F32, BF16), T=7, H=128, I=64, E=16, E_L=8, rank=1, K=4,

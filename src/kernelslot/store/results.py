@@ -19,9 +19,10 @@ import sqlite3
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kernelslot.verify.report import SlotReport
+if TYPE_CHECKING:  # a type only: the store never imports the referee
+    from kernelslot.verify.verdict import SlotReport
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 COLUMNS = {
@@ -111,7 +112,7 @@ class ResultStore:
             )
         return int(cur.lastrowid)
 
-    def add_report(self, run_id: int, report: SlotReport) -> None:
+    def add_report(self, run_id: int, report: "SlotReport") -> None:
         with self.db:  # one transaction per slot
             for r in report.results:
                 d = asdict(r)

@@ -1,9 +1,12 @@
-"""The referee: verify a candidate against a slot's contract and trusted reference."""
-from kernelslot.verify.pipeline import VerifyOptions
-from kernelslot.verify.referee import verify_slot
-from kernelslot.verify.report import CHECKS, CheckResult, ProfileResult, SlotReport
-from kernelslot.verify.runner import CallObservation, InProcessRunner, Runner, RunnerError
-from kernelslot.verify.worker import WorkerRunner, make_runner
+"""The referee: verify a candidate against a slot's contract and trusted reference.
 
-__all__ = ["VerifyOptions", "verify_slot", "CHECKS", "CheckResult", "ProfileResult", "SlotReport",
-           "CallObservation", "InProcessRunner", "Runner", "RunnerError", "WorkerRunner", "make_runner"]
+The front door is :func:`verify_slot` (``referee.py``); the wings are ``single/`` (the
+single-device pipeline) and ``collective/`` (rank processes). Candidate code runs through
+:mod:`kernelslot.isolation`'s runners; the in-process runner is re-exported here for authors.
+"""
+from kernelslot.isolation.runner import InProcessRunner, RunnerError
+from kernelslot.verify.options import VerifyOptions
+from kernelslot.verify.referee import verify_slot
+from kernelslot.verify.verdict import SlotReport
+
+__all__ = ["VerifyOptions", "verify_slot", "SlotReport", "InProcessRunner", "RunnerError"]

@@ -1,22 +1,28 @@
-"""The referee's per-call checks, made from shared tensors and a runner's observation."""
+"""The referee's per-call checks, made from shared tensors and a runner's observation, and the
+closing of a profile run's record (every check passed, failed, skipped with why, or not applicable).
+
+Used by both wings (``verify/single/``, ``verify/collective/``); nothing here runs candidate code.
+"""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from kernelslot.abi import AllocatedOutput
-from kernelslot.verify.report import FAIL, ProfileResult, traceback_summary
-from kernelslot.verify.runner import CallObservation, TensorMeta
+from kernelslot.isolation.observe import TensorMeta, bits_equal
+from kernelslot.isolation.runner import CallObservation
+from kernelslot.slots.base import SlotDef
+from kernelslot.verify.verdict import CHECKS, FAIL, PASS, SKIP, Check, ProfileResult, traceback_summary
 
+__all__ = ["CALL_CHECKS", "SINGLE_DEVICE_CHECKS", "bits_equal", "snapshot", "check_inputs", "check_call", "not_applicable",
+           "finish_checks"]
 
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-exact equality (NaN payloads and signed zeros included)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.numel() == 0:
-        return True
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+# Made on every call that ran (check_call and check_inputs).
+CALL_CHECKS = (Check.RAISED, Check.RETURNED_VALUE, Check.INPUT_MUTATED, Check.OUTPUT_STORAGE_SWAPPED,
+               Check.OUTPUT_ALIASES_INPUT, Check.POISON_LEFT, Check.OUT_OF_BOUNDS_WRITE, Check.RETAINED_TENSOR)
+# Made by the single-device pipeline only (not by the collective referee yet: docs/referee.md, Known gaps).
+SINGLE_DEVICE_CHECKS = (Check.GLOBAL_STATE_CHANGED, Check.REPREPARE, Check.DETERMINISM, Check.METAMORPHIC)
 
 
 def snapshot(values: dict[str, Any]) -> dict[str, tuple[torch.Tensor, TensorMeta]]:
@@ -36,7 +42,7 @@ def check_inputs(result: ProfileResult, inputs: dict[str, Any], snap: dict, labe
             diff = (t.contiguous().view(torch.uint8) != ref.contiguous().view(torch.uint8)).sum().item()
             problems.append(f"{name}: {diff} byte(s) changed")
     if problems:
-        result.record("input_mutated", FAIL, f"{label}" + "; ".join(problems))
+        result.record(Check.INPUT_MUTATED, FAIL, f"{label}" + "; ".join(problems))
         return False
     return True
 
@@ -57,18 +63,18 @@ def check_call(
 ) -> bool:
     """Make the ABI checks of one call. Returns True when the outputs may be compared."""
     if obs.state_changed:
-        result.record("global_state_changed", FAIL, label + "; ".join(obs.state_changed))
+        result.record(Check.GLOBAL_STATE_CHANGED, FAIL, label + "; ".join(obs.state_changed))
     if obs.error:
-        result.record("raised", FAIL, label + traceback_summary(obs.error))
+        result.record(Check.RAISED, FAIL, label + traceback_summary(obs.error))
         return False
     if obs.returned is not None:
-        result.record("returned_value", FAIL, f"{label}entry returned {obs.returned}; it must write into the outputs and return None")
+        result.record(Check.RETURNED_VALUE, FAIL, f"{label}entry returned {obs.returned}; it must write into the outputs and return None")
     ok = True
     meta_by_name = dict(zip(arg_names, obs.meta_after))
     rebound = [f"{n} was rebound: {m.changes(meta_by_name[n])}" for n, m in input_meta.items()
                if meta_by_name.get(n) is not None and m.changes(meta_by_name[n])]
-    if rebound and result.check("input_mutated") is None:  # in a worker the referee's own tensor stays put
-        result.record("input_mutated", FAIL, f"{label}inside the call: " + "; ".join(rebound))
+    if rebound and result.check(Check.INPUT_MUTATED) is None:  # in a worker the referee's own tensor stays put
+        result.record(Check.INPUT_MUTATED, FAIL, f"{label}inside the call: " + "; ".join(rebound))
     for name in out_names:
         after = meta_by_name.get(name)
         before = out_meta_before[name]
@@ -77,11 +83,11 @@ def check_call(
         aliased = [i for i, m in input_meta.items() if _ranges_overlap(after, m)]
         aliased += [i for i, m in meta_by_name.items() if i in input_meta and m is not None and _ranges_overlap(after, m)]
         if aliased:
-            result.record("output_aliases_input", FAIL, f"{label}output {name} shares storage with input {sorted(set(aliased))[0]}")
+            result.record(Check.OUTPUT_ALIASES_INPUT, FAIL, f"{label}output {name} shares storage with input {sorted(set(aliased))[0]}")
             ok = False
         elif (after.data_ptr, after.shape, after.stride) != (before.data_ptr, before.shape, before.stride):
             result.record(
-                "output_storage_swapped", FAIL,
+                Check.OUTPUT_STORAGE_SWAPPED, FAIL,
                 f"{label}output {name} was rebound (ptr/shape/stride {before.shape}/{before.stride} -> {after.shape}/{after.stride}); "
                 "write into the supplied tensor instead",
             )
@@ -93,13 +99,41 @@ def check_call(
         n_left = int(left.sum())
         if n_left:
             first = left.nonzero()[0].tolist()
-            result.record("poison_left", FAIL, f"{label}output {name}: {n_left} of {view.numel()} cells never written (first at {first}; "
+            result.record(Check.POISON_LEFT, FAIL, f"{label}output {name}: {n_left} of {view.numel()} cells never written (first at {first}; "
                           f"poison {'finite sentinel' if alloc.poisoned_finite else 'NaN/int-min'})")
             ok = False
         if not alloc.canary_intact():
-            result.record("out_of_bounds_write", FAIL, f"{label}output {name}: wrote outside its view (padding changed; honour the strides)")
+            result.record(Check.OUT_OF_BOUNDS_WRITE, FAIL, f"{label}output {name}: wrote outside its view (padding changed; honour the strides)")
             ok = False
     if obs.retained:
         names = [arg_names[i] for i in obs.retained]
-        result.record("retained_tensor", FAIL, f"{label}the candidate kept references to {', '.join(names)} after returning")
+        result.record(Check.RETAINED_TENSOR, FAIL, f"{label}the candidate kept references to {', '.join(names)} after returning")
     return ok
+
+
+def not_applicable(defn: SlotDef, check: str) -> bool:
+    """Checks a slot never has: ``prepare``/``reprepare`` without prepare(), ``audit`` without one, ``metamorphic`` without relations."""
+    return ((check in (Check.PREPARE, Check.REPREPARE) and not defn.slot.needs_prepare) or (check == Check.AUDIT and defn.audit is None)
+            or (check == Check.METAMORPHIC and not defn.relations))
+
+
+def finish_checks(result: ProfileResult, performed: set[str], defn: SlotDef, graph_why: str, *, why_not: str = "not reached",
+                  omitted: frozenset[str] = frozenset(), unmade: Mapping[str, str] | None = None) -> ProfileResult:
+    """Close ``result``: every check not failed is recorded as passed if it was ``performed``, else
+    skipped with why — ``graph_why`` for graph replay, ``unmade[name]`` for a check this referee does
+    not make, ``why_not`` otherwise — and left out where it does not apply (``not_applicable``, ``omitted``)."""
+    failed = {c.name for c in result.failures()}
+    for name in CHECKS:
+        if name in failed:
+            continue
+        if name in performed:
+            result.record(name, PASS)
+        elif name == Check.GRAPH_REPLAY:
+            result.record(name, SKIP, graph_why)
+        elif not_applicable(defn, name) or name in omitted:
+            continue
+        elif unmade and name in unmade:
+            result.record(name, SKIP, unmade[name])
+        else:
+            result.record(name, SKIP, why_not)
+    return result

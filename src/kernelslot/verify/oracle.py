@@ -45,7 +45,7 @@ import torch
 
 from kernelslot.abi.comparators import AllOf, TopKOverlap, canonical_expected, resolve_expected
 from kernelslot.slots.base import LOW_BIT, Case, Profile, SlotDef
-from kernelslot.verify.pipeline import clone_case
+from kernelslot.verify.single.pipeline import clone_case
 
 __all__ = ["WrongAnswer", "ProfileOracle", "oracle_profile", "oracle_slot", "render_oracle", "render_summary", "oracle_json"]
 

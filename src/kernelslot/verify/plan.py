@@ -1,6 +1,6 @@
 """The call plan: which calls the referee makes for one profile × seed, and how each is dressed.
 
-One object, consumed by the single-device pipeline (``verify/pipeline.py``) and meant for the
+One object, consumed by the single-device pipeline (``verify/single/pipeline.py``) and meant for the
 collective referee too, so that hardening the schedule hardens both. Nothing here touches a
 candidate: a plan is data, drawn by a :class:`Planner` from the referee's own RNG (secret unless
 ``plan_seed`` is given, e.g. by tests).
@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -72,7 +72,6 @@ REFILLS = ("full", "tail", "head", "row", "cells")
 POISONS = ("nan", "sentinel")  # padded outputs; plain outputs get "random"
 PLAIN_DRAW = 500  # fresh-values draw id of the plain call (kept clear of replay draw ids)
 STEP_DRAW = 600  # draw ids of the state steps (reprepare, repeat, relation) start here
-STATE_STEPS = ("reprepare", "repeat", "relation")
 SCRATCH_P = 0.5  # the probability that an extra replay also runs on poisoned scratch (where a repeat is planned)
 TIMED_DRAW = 10_000  # draw ids of warm-up and timed calls start here
 
@@ -93,9 +92,12 @@ class PlannedCall:
     pick: int = 0
     scratch: bool = False  # the runner poisons its allocators' freed memory right before the call
     relation: int = 0  # a "relation" step: which of the slot's metamorphic relations
+    graph: str | None = None  # "capture" / "replay": a CUDA-graph step (the collective referee's ranks)
 
     @property
     def label(self) -> str:
+        if self.graph:
+            return f"graph {self.graph}: "
         if self.plain:
             return "plain-output call: "
         if self.refill == "reprepare":
@@ -170,7 +172,7 @@ class Planner:
         timing = None
         if self.time_reps is not None:
             warmup, reps = rng.randint(1, 4), self.time_reps + rng.randint(0, max(1, self.time_reps // 2))
-            n = warmup + 2 * reps  # bench/timing.py may add up to ``reps`` pairs where the incumbent is fast
+            n = warmup + 2 * reps  # verify/single/timing.py may add up to ``reps`` pairs where the incumbent is fast
             timing = TimingPlan(warmup, reps, tuple(rng.choice(POISONS) for _ in range(n)),
                                 tuple(rng.getrandbits(63) for _ in range(n)))
         return CallPlan((PlannedCall(0, "first", "nan"), *replays), timing)
@@ -178,6 +180,11 @@ class Planner:
     def pick(self, alive: Sequence[int]) -> int:
         """Which of the ``alive`` profile runs makes the next call (uniformly at random)."""
         return alive[self.rng.randrange(len(alive))]
+
+
+def planner_for(opts: Any) -> Planner:
+    """The call planner a :class:`~kernelslot.verify.options.VerifyOptions` asks for (one per slot verification)."""
+    return Planner(opts.replays, opts.extra_mean, opts.time_reps if opts.time else None, opts.plan_seed)
 
 
 def needs_fresh(kind: str) -> bool:

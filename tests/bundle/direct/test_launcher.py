@@ -10,13 +10,13 @@ import torch
 
 from kernelslot.abi import OutputSpec, allocate_output
 from kernelslot.bundle import load_bundle
-from kernelslot.bundle.direct import open_sealed, receipt_problem
+from kernelslot.bundle.direct import open_sealed, evidence_problem
 from kernelslot.bundle.direct.launcher import LaunchError
 from kernelslot.bundle.direct.native import fast_divmod
 from kernelslot.slots import get_slot
 from kernelslot.slots.base import Kernel, KernelSource
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.runner import InProcessRunner
+from kernelslot.isolation.runner import InProcessRunner
 
 SILU = get_slot("activation.silu_and_mul")
 
@@ -33,9 +33,9 @@ def test_the_admitted_artifact_writes_strided_outputs_and_leaves_receipts(activa
     assert art(x, out.view) is None
     torch.testing.assert_close(out.view.double(), _silu(x), rtol=1e-6, atol=1e-6)
     assert out.canary_intact()
-    receipts = art.take_receipts()
+    receipts = art.take_evidence()
     assert [r.split(":")[0] for r in receipts] == ["aot_loaded", "aot_invoked", "completed"]
-    assert receipts[1] == "aot_invoked:silu_and_mul_f32" and receipt_problem(receipts) is None
+    assert receipts[1] == "aot_invoked:silu_and_mul_f32" and evidence_problem(receipts) is None
     with pytest.raises(LaunchError, match="no export of role run, step 0 match this call"):
         art(x.double(), torch.empty(2, 5, 12, dtype=torch.float64))
 
@@ -48,7 +48,7 @@ def test_the_admitted_artifact_writes_strided_outputs_and_leaves_receipts(activa
     (["aot_loaded:ab", "aot_invoked:x", "fallback", "completed"], "disqualifies"),
 ])
 def test_receipts_are_evidence(receipts, reason):
-    assert reason in receipt_problem(receipts)
+    assert reason in evidence_problem(receipts)
 
 
 def test_a_sealed_source_served_by_anything_but_the_artifact_fails():

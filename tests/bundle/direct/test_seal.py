@@ -13,7 +13,7 @@ from kernelslot.bundle.direct.seal import C_FLAGS, INDEX, LINK_FLAGS
 from kernelslot.cli import main
 from kernelslot.slots import get_slot
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.worker import WorkerRunner
+from kernelslot.isolation.worker import WorkerRunner
 
 from .conftest import EXAMPLES
 

@@ -9,7 +9,7 @@ import torch
 from kernelslot.kernels.moe_block import (
     MoeBlockConfig, MoeBlockParams, ScalingMode, choose_strategy, moe_block_tkg, prepare_moe_block,
 )
-from kernelslot.kernels.moe_block.spec import ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertWeights
 from kernelslot.slots.base import Profile
 from kernelslot.slots.moe_block import MoeBlockLayer, make_layer
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelslot.kernels.moe_block.fused_experts import fused_experts_forward, prepare_fused_experts
-from kernelslot.kernels.moe_block.spec import ExpertActivation
+from kernelslot.kernels.experts_spec import ExpertActivation
 
 
 def _explicit(x, ids, wts, w13, w2, act: ExpertActivation) -> torch.Tensor:

@@ -7,11 +7,11 @@ import itertools
 import pytest
 import torch
 
-from kernelslot.kernels.moe_block.config import ScalingMode
+from kernelslot.kernels.experts_spec import ScalingMode
 from kernelslot.kernels.moe_block.expert_weights import as_dense
 from kernelslot.kernels.moe_block.leaves import all_expert_experts, experts_reference, selective_experts
 from kernelslot.kernels.moe_block.masking import routed_indicator
-from kernelslot.kernels.moe_block.spec import ExpertActivation
+from kernelslot.kernels.experts_spec import ExpertActivation
 from kernelslot.slots.moe_block import make_expert_weights
 
 FORMATS = ("dense", "fp8_row", "mxfp4", "mxfp8", "nvfp4")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernelslot.kernels.moe_block.projections import gated_activation, gated_activation_reference, mxfp8_roundtrip
-from kernelslot.kernels.moe_block.spec import ExpertActivation
+from kernelslot.kernels.experts_spec import ExpertActivation
 
 ACTS = [
     ExpertActivation("silu"),

@@ -6,7 +6,7 @@ import torch
 
 from kernelslot.kernels.moe_block.config import SharedExpert
 from kernelslot.kernels.moe_block.shared_expert import shared_expert_forward, shared_expert_reference
-from kernelslot.kernels.moe_block.spec import ExpertActivation
+from kernelslot.kernels.experts_spec import ExpertActivation
 from kernelslot.slots.moe_block import make_expert_weights
 
 

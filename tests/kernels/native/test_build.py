@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kernelslot.kernels import native
-from kernelslot.kernels.native import _build
+from kernelslot.kernels.native import build
 
 _PROBE = """
 import warnings, torch
@@ -48,17 +48,17 @@ def test_cached_library_lives_in_a_hashed_directory():
     ok, isa, reason = native.native_status()
     if not ok:
         pytest.skip(f"native path unavailable: {reason}")
-    st = _build.loaded()
+    st = build.loaded()
     assert st.lib._name.startswith("/proc/self/fd/")  # loaded from the verified bytes, not by path
-    cached = [p for p in _build._cache_root().glob("*/libks_native.so") if _build._verified(p) is not None]
-    assert any(_build._verified(p)[1] == st.sha256 == _build.loaded_sha256() for p in cached)
-    assert isa in _build.ISA_NAMES and _build.isa_supported(isa) and _build.isa_supported("portable")
+    cached = [p for p in build.cache_root().glob("*/libks_native.so") if build._verified(p) is not None]
+    assert any(build._verified(p)[1] == st.sha256 == build.loaded_sha256() for p in cached)
+    assert isa in build.ISA_NAMES and build.isa_supported(isa) and build.isa_supported("portable")
 
 
 def test_forced_isa(tmp_path):
     if not native.native_status()[0]:
         pytest.skip("native path unavailable")
-    cache = str(_build._cache_root())  # reuse the built library
+    cache = str(build.cache_root())  # reuse the built library
     assert _probe(tmp_path, KERNELSLOT_NATIVE_CACHE=cache, KERNELSLOT_NATIVE_ISA="portable")[:2] == ["True", "portable"]
     out = _probe(tmp_path, KERNELSLOT_NATIVE_CACHE=cache, KERNELSLOT_NATIVE_ISA="sse9")
     assert out[:2] == ["False", "none"] and out[-1] == "1"

@@ -8,10 +8,10 @@ import torch
 from kernelslot.formats import quantize_mx
 from kernelslot.kernels import native
 from kernelslot.kernels.moe_block import experts_dispatch, prepare_fused_experts
-from kernelslot.kernels.moe_block.config import ScalingMode
+from kernelslot.kernels.experts_spec import ScalingMode
 from kernelslot.kernels.moe_block.leaves import all_expert_experts, experts_reference, selective_experts
 from kernelslot.kernels.moe_block.masking import routed_indicator
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 
 pytestmark = pytest.mark.skipif(not native.native_status()[0], reason="native path unavailable")
 ACT = ExpertActivation.swigluoai()

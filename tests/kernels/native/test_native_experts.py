@@ -12,7 +12,7 @@ from kernelslot.formats import (
     quantize_mx,
     quantize_nvfp4_blocks,
 )
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 from kernelslot.kernels.native import (
     expert_mlp_native,
     mxfp8_quantize_native,
@@ -21,11 +21,11 @@ from kernelslot.kernels.native import (
     prepare_native_experts,
     warm_thread_pool,
 )
-from kernelslot.kernels.native import _build
+from kernelslot.kernels.native import build
 
 AVAILABLE, BEST_ISA, REASON = native_status()
 pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"native path unavailable: {REASON}")
-ISAS = [isa for isa in _build.ISA_NAMES if AVAILABLE and _build.isa_supported(isa)]
+ISAS = [isa for isa in build.ISA_NAMES if AVAILABLE and build.isa_supported(isa)]
 FORMATS = ("f32", "bf16", "f16", "fp8_row", "mxfp8", "mxfp4", "nvfp4")
 ACTS = {
     "silu": ExpertActivation("silu"),

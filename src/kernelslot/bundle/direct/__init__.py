@@ -12,25 +12,26 @@ from pathlib import Path
 
 from kernelslot.bundle.direct.admit import AdmissionError, admit_static
 from kernelslot.bundle.direct.seal import Seal, SealError, ToolchainMissing, build_and_seal, open_seal
-from kernelslot.bundle.direct.spec import DIRECT_KEYS, DirectError, DirectOp, is_direct_row, parse_direct
+from kernelslot.bundle.direct.spec import PROVIDERS, DirectOp
 
-__all__ = ["ToolchainMissing", "AdmissionError", "admit_static", "DIRECT_KEYS", "DirectError", "DirectOp", "Seal", "SealError", "build_and_seal", "is_direct_row", "open_seal",
-           "parse_direct", "not_run_reason", "describe_seal", "receipt_problem", "open_sealed"]
+__all__ = ["ToolchainMissing", "AdmissionError", "admit_static", "SealError", "build_and_seal", "open_seal", "not_run_reason",
+           "describe_seal", "evidence_problem", "open_sealed"]
 
 
 def not_run_reason(op: DirectOp, device: str = "cpu") -> str | None:
     """Why this machine cannot run ``op`` on ``device`` (the "not run" verdict), or ``None``."""
-    if op.provider == "cuda.cubin.v1":
+    provider = PROVIDERS[op.provider]
+    if provider.device == "cuda":
         from kernelslot.bundle.direct.cuda import unavailable_reason
 
-        return unavailable_reason() or (None if device == "cuda" else "cuda.cubin.v1 runs with --device cuda")
-    return None if device == "cpu" else "native.elf.v1 runs on the CPU (--device cpu)"
+        return unavailable_reason() or (None if device == "cuda" else f"{provider.name} runs with --device cuda")
+    return None if device == "cpu" else f"{provider.name} runs on the CPU (--device cpu)"
 
 
-def receipt_problem(receipts: list[str] | tuple[str, ...]) -> str | None:
-    from kernelslot.bundle.direct.launcher import receipt_problem as judge
+def evidence_problem(evidence: list[str] | tuple[str, ...]) -> str | None:
+    from kernelslot.bundle.direct.launcher import evidence_problem as judge
 
-    return judge(receipts)
+    return judge(evidence)
 
 
 def open_sealed(handle: str):  # noqa: ANN201 - DirectArtifact, imported lazily (it imports torch)

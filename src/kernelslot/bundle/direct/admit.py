@@ -9,7 +9,7 @@ parameter and both widths.
 from __future__ import annotations
 
 from kernelslot.bundle.direct.elf import InventoryError, PhysicalKernel, cubin_inventory, init_entries, native_inventory
-from kernelslot.bundle.direct.spec import Binding, DirectOp, KernelDecl
+from kernelslot.bundle.direct.spec import PROVIDERS, Binding, DirectOp, KernelDecl
 
 # The class a native parameter must have for each binding kind (widths are checked separately).
 _CLASS_OF = {"pointer": "pointer", "packed_struct": "struct", "fast_divmod": "struct"}
@@ -61,7 +61,7 @@ def admit_native_bytes(op: DirectOp, data: bytes, baseline: dict) -> dict[str, P
 
 def admit_static(op: DirectOp, data: bytes, baseline: dict) -> None:
     """The referee's look at a freshly sealed artifact, as data (nothing is loaded in the referee)."""
-    if op.provider == "native.elf.v1":
+    if PROVIDERS[op.provider].device == "cpu":
         admit_native_bytes(op, data, baseline)
         return
     try:

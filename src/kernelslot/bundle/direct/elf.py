@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from kernelslot.bundle.direct.spec import PROVIDERS
+
 _TOOLCHAIN = frozenset({"_init", "_fini"})
 _SKIP_TYPES = ("DW_TAG_typedef", "DW_TAG_const_type", "DW_TAG_volatile_type", "DW_TAG_restrict_type", "DW_TAG_atomic_type")
 
@@ -158,7 +160,7 @@ def cubin_inventory(data: bytes) -> list[PhysicalKernel]:
 
 def static_inventory(provider: str, data: bytes) -> list[dict]:
     """The inventory recorded in the seal index (for ``kernelslot scan``; admission observes it again)."""
-    if provider == "cuda.cubin.v1":
+    if PROVIDERS[provider].device == "cuda":
         return [{"name": k.name, "params": list(k.params)} for k in cubin_inventory(data)]
     return [{"name": k.name, "params": list(k.params), "classes": list(k.classes), **({"problem": k.problem} if k.problem else {})}
             for k in native_inventory(data)]

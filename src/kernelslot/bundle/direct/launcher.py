@@ -15,9 +15,9 @@ stored declaration again, admits the object with its provider, allocates ``state
   its launches are made in order;
 * ``destroy`` exports run when the process exits.
 
-Receipts: every call leaves ``aot_loaded:<index digest>``, one ``aot_invoked:<export>`` per export
-that returned, and ``completed``; :meth:`DirectArtifact.take_receipts` hands them to the runner,
-and :func:`receipt_problem` is the referee's judgement of them (a ``fallback`` disqualifies).
+AOT evidence: every call leaves ``aot_loaded:<index digest>``, one ``aot_invoked:<export>`` per export
+that returned, and ``completed``; :meth:`DirectArtifact.take_evidence` hands them to the runner,
+and :func:`evidence_problem` is the referee's judgement of them (a ``fallback`` disqualifies).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import torch
 from kernelslot.bundle.direct.admit import AdmissionError
 from kernelslot.bundle.direct.expr import ExprError, TensorFacts
 from kernelslot.bundle.direct.seal import Seal, open_seal
-from kernelslot.bundle.direct.spec import Binding, DirectError, DirectOp, Export, Launch, parse_direct, row_of
+from kernelslot.bundle.direct.spec import PROVIDERS, Binding, DirectError, DirectOp, Export, Launch, parse_direct, row_of
 
 MAX_RESOURCE_BYTES = 4 << 30
 MAX_SHARED_MEM = 1 << 20
@@ -44,9 +44,9 @@ class LaunchError(RuntimeError):
     """A call the artifact's plan cannot serve (no matching export, a value out of range, ...)."""
 
 
-def receipt_problem(receipts: list[str] | tuple[str, ...]) -> str | None:
-    """``None`` when a call's receipts prove the admitted artifact produced it, else why not."""
-    kinds = [r.split(":", 1)[0] for r in receipts]
+def evidence_problem(evidence: list[str] | tuple[str, ...]) -> str | None:
+    """``None`` when a call's AOT evidence proves the admitted artifact produced it, else why not."""
+    kinds = [r.split(":", 1)[0] for r in evidence]
     if "fallback" in kinds:
         return "a fallback receipt: the call was not served by the admitted artifact (disqualifies)"
     if not kinds or kinds[0] != "aot_loaded":
@@ -120,7 +120,7 @@ class DirectArtifact:
             raise AdmissionError(f"the sealed declaration is not admissible: {exc}") from None
         if self.op.digest != index["declaration_digest"]:
             raise AdmissionError("the sealed declaration does not reproduce its digest")
-        if self.op.provider == "cuda.cubin.v1":
+        if PROVIDERS[self.op.provider].device == "cuda":
             from kernelslot.bundle.direct.cuda import CudaArtifact
 
             self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cuda")
@@ -131,7 +131,7 @@ class DirectArtifact:
             self.device = torch.device("cpu")
             self.provider = NativeArtifact(self.op, self.seal)
         self.loaded = f"aot_loaded:{self.seal.digest[:16]}"
-        self._receipts: list[str] = []
+        self._evidence: list[str] = []
         self._prepares = 0
         self._steps: dict[str, list] = {}
         self.state = {r.name: self._allocate(r, _Context({}, {}, self.device), zero=True) for r in self.op.resources
@@ -159,7 +159,7 @@ class DirectArtifact:
         return PreparedArtifact(self, prepared)
 
     def __call__(self, *args: Any) -> None:
-        receipts = [self.loaded]
+        evidence = [self.loaded]
         tensors, scalars, prepared = {}, {}, {}
         for a, value in zip(self.slot.args, args):
             if a.role.value in ("input", "output"):
@@ -174,13 +174,13 @@ class DirectArtifact:
         ctx = _Context({**tensors, **self.state, **prepared}, scalars, self.device)
         workspace = {r.name: self._allocate(r, ctx) for r in self.op.resources if r.lifetime == "call"}
         ctx = _Context({**tensors, **self.state, **prepared, **workspace}, scalars, self.device)
-        receipts += self._role("run", ctx)
+        evidence += self._role("run", ctx)
         self.provider.synchronize()
-        self._receipts += [*receipts, "completed"]
+        self._evidence += [*evidence, "completed"]
         return None
 
-    def take_receipts(self) -> list[str]:
-        out, self._receipts = self._receipts, []
+    def take_evidence(self) -> list[str]:
+        out, self._evidence = self._evidence, []
         return out
 
     # -- internals --------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ class DirectArtifact:
         if role not in self._steps:
             exports = self.op.by_role(role)
             self._steps[role] = [(s, [e for e in exports if e.step == s]) for s in sorted({e.step for e in exports})]
-        receipts = []
+        evidence = []
         for step, here in self._steps[role]:
             chosen = [e for e in here if all(ctx.eval(x) == want for x, want in e.specializes)]
             if len(chosen) != 1:
@@ -217,8 +217,8 @@ class DirectArtifact:
                 raise LaunchError(f"{what} of role {role}, step {step} match this call ({', '.join(facts)}); "
                                   "the plan must select exactly one")
             self._run_export(chosen[0], ctx)
-            receipts.append(f"aot_invoked:{chosen[0].name}")
-        return receipts
+            evidence.append(f"aot_invoked:{chosen[0].name}")
+        return evidence
 
     def _run_export(self, e: Export, ctx: _Context) -> None:
         for fill in e.prelaunch:
@@ -232,7 +232,7 @@ class DirectArtifact:
         t = ctx.tensors.get(name)
         if t is None:
             raise LaunchError(f"{source} is not supplied to this call")
-        want = "cuda" if self.op.provider == "cuda.cubin.v1" else "cpu"
+        want = PROVIDERS[self.op.provider].device
         if t.device.type != want:
             raise LaunchError(f"{source} is on {t.device}; {self.op.provider} projects {want} pointers")
         return t

@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelslot.bundle.direct.spec import DirectOp, declaration_digest
+from kernelslot.bundle.direct.spec import PROVIDERS, DirectOp, declaration_digest
 
 SCHEMA = "kernelslot.sealed-direct.v1"
 INDEX = "index.json"
@@ -109,7 +109,7 @@ def _version(tool: str) -> str:
 
 
 def toolchain(provider: str) -> dict[str, str]:
-    tools = ("gcc", "g++", "ld") if provider == "native.elf.v1" else ("nvcc",)
+    tools = PROVIDERS[provider].tools
     return {t: _version(t) for t in tools}
 
 
@@ -130,7 +130,7 @@ def cuda_arch() -> str:
 
 def _build_commands(op: DirectOp, tmp: str) -> tuple[list[list[str]], str, list[str]]:
     units = [s for s in op.sources if not s.endswith((".h", ".hpp", ".cuh"))]
-    if op.provider == "cuda.cubin.v1":
+    if PROVIDERS[op.provider].device == "cuda":
         arch = cuda_arch()
         flags = [*CUDA_FLAGS, f"-arch={arch}"]
         return [["nvcc", *flags, os.path.join("sources", units[0]), "-o", CUDA_ARTIFACT]], CUDA_ARTIFACT, flags
@@ -209,7 +209,7 @@ def build_and_seal(op: DirectOp, bundle_root: Path) -> Seal:
 
 def _baseline(provider: str, tmp: str, network_off: list[str]) -> dict:
     """What the fixed toolchain itself puts in an empty artifact (load-time constructors)."""
-    if provider != "native.elf.v1":
+    if PROVIDERS[provider].device != "cpu":
         return {}
     from kernelslot.bundle.direct.elf import init_entries
 

@@ -24,20 +24,42 @@ from typing import Any
 from kernelslot.abi import Role, Slot
 from kernelslot.bundle.direct.expr import Expr, ExprError, parse_expr
 
-PROVIDERS = ("native.elf.v1", "cuda.cubin.v1")
 ROLES = ("init", "prepare", "reset", "run", "destroy")  # lifecycle order
 KINDS = ("pointer", "scalar", "packed_struct", "tma_descriptor", "fast_divmod", "stream", "group_handle")
 SCALAR_TYPES = {"i8": 1, "u8": 1, "i16": 2, "u16": 2, "i32": 4, "u32": 4, "i64": 8, "u64": 8, "f32": 4, "f64": 8}
 FIELD_TYPES = {**SCALAR_TYPES, "ptr": 8}
 RESOURCE_DTYPES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64")
 RESOURCE_PREFIXES = {"workspace": "call", "prepared": "prepared", "state": "engine"}
-SOURCE_KEYS = {"native.elf.v1": ("native_sources", (".c", ".cc", ".cpp", ".h", ".hpp")),
-               "cuda.cubin.v1": ("cuda_sources", (".cu", ".cuh", ".h"))}
 DIRECT_KEYS = ("aot_exports", "artifact_resources", "native_sources", "cuda_sources")
 EXPORT_KEYS = ("provider", "name", "role", "plan", "step", "specializes", "bindings", "device_plan", "prelaunch")
 BINDING_KEYS = ("source", "kind", "projection", "type", "expr", "size", "fields", "form", "box")
 LAUNCH_KEYS = ("kernel", "params", "grid", "block", "shared_mem", "stream")
 RESOURCE_KEYS = ("name", "dtype", "alignment", "shape")
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One direct-artifact provider: what its rows ship, how it is built and where its calls run."""
+
+    name: str
+    sources_key: str  # the row key that lists its sources
+    suffixes: tuple[str, ...]  # accepted source file endings (headers included)
+    device: str  # "cpu" or "cuda": where the artifact's calls run and its pointers point
+    tools: tuple[str, ...]  # the fixed toolchain recorded in the seal
+    device_launches: bool  # launches take grid/block/shared memory/stream; stream and TMA bindings exist
+    single_unit: bool  # exactly one translation unit
+
+    @property
+    def projection(self) -> str:
+        """The pointer projection its bindings take."""
+        return "host_ptr" if self.device == "cpu" else "device_ptr"
+
+
+# name -> provider; a new provider is a row here plus its admission and artifact modules (docs/architecture.md)
+PROVIDERS: dict[str, Provider] = {p.name: p for p in (
+    Provider("native.elf.v1", "native_sources", (".c", ".cc", ".cpp", ".h", ".hpp"), "cpu", ("gcc", "g++", "ld"), False, False),
+    Provider("cuda.cubin.v1", "cuda_sources", (".cu", ".cuh", ".h"), "cuda", ("nvcc",), True, True),
+)}
 # Bounds of the form (the seed's: at most 256 launches and 64 bindings).
 MAX_EXPORTS, MAX_BINDINGS, MAX_LAUNCHES, MAX_KERNELS = 32, 64, 256, 64
 MAX_RESOURCES, MAX_PARAMS, MAX_FIELDS, MAX_SOURCES, MAX_SPECIALIZES = 32, 64, 32, 32, 8
@@ -182,7 +204,7 @@ def declaration_digest(declaration: dict) -> str:
 
 def row_of(declaration: dict) -> dict:
     """The ``[[ops]]`` keys a stored declaration came from (to parse and join it again)."""
-    key = SOURCE_KEYS[declaration["provider"]][0]
+    key = PROVIDERS[declaration["provider"]].sources_key
     return {"aot_exports": declaration["aot_exports"], "artifact_resources": declaration["artifact_resources"],
             key: declaration["sources"]}
 
@@ -295,7 +317,7 @@ def _parse_binding(raw: Any, key: str, provider: str, scope: _Scope) -> Binding:
         source = scope.check_source(raw.get("source"), f"{key}.source")
         if not source.startswith(("input.", "output.", *(p + "." for p in RESOURCE_PREFIXES))):
             raise DirectError(f"{key}.source", f"a pointer projects a tensor (input, output or resource), not {source!r}")
-        want = "host_ptr" if provider == "native.elf.v1" else "device_ptr"
+        want = PROVIDERS[provider].projection
         proj = _choice(raw.get("projection"), f"{key}.projection", ("host_ptr", "device_ptr"))
         if proj != want:
             raise DirectError(f"{key}.projection", f"{provider} launches take {want} projections, not {proj}")
@@ -313,7 +335,7 @@ def _parse_binding(raw: Any, key: str, provider: str, scope: _Scope) -> Binding:
             raise DirectError(f"{key}.type", "expressions are integer-valued; a float scalar takes `source = \"scalar.NAME\"`")
         return Binding(kind, type=typ, expr=_expr(raw["expr"], f"{key}.expr"))
     if kind == "stream":
-        if provider != "cuda.cubin.v1":
+        if not PROVIDERS[provider].device_launches:
             raise DirectError(f"{key}.kind", f"{provider} has no streams: a native call runs on the referee's calling thread")
         if raw.get("source") != "stream.current":
             raise DirectError(f"{key}.source", "the only stream is the validator's: source = \"stream.current\"")
@@ -322,7 +344,7 @@ def _parse_binding(raw: Any, key: str, provider: str, scope: _Scope) -> Binding:
         form = _choice(raw.get("form"), f"{key}.form", ("cutlass", "cute"))
         return Binding(kind, form=form, expr=_expr(raw.get("expr"), f"{key}.expr"))
     if kind == "tma_descriptor":
-        if provider != "cuda.cubin.v1":
+        if not PROVIDERS[provider].device_launches:
             raise DirectError(f"{key}.kind", f"tma_descriptor is a CUDA tensor map; {provider} has none")
         source = scope.check_source(raw.get("source"), f"{key}.source")
         box = tuple(_expr(e, f"{key}.box[{i}]") for i, e in enumerate(_list(raw.get("box"), f"{key}.box", 5)))
@@ -438,7 +460,7 @@ def _parse_export(i: int, raw: Any, slot: Slot, resources: dict[str, Resource]) 
         block = tuple(_expr(e, f"{lk}.block[{n}]") for n, e in enumerate(_list(ln.get("block", []), f"{lk}.block", 3, empty=True)))
         shared = _expr(ln["shared_mem"], f"{lk}.shared_mem") if "shared_mem" in ln else None
         stream = ln.get("stream")
-        if provider == "native.elf.v1":
+        if not PROVIDERS[provider].device_launches:
             for field in ("grid", "block", "shared_mem", "stream"):
                 if field in ln:
                     raise DirectError(f"{lk}.{field}", "native.elf.v1 launches are one host call on the calling thread: "
@@ -526,8 +548,8 @@ def parse_direct(row: dict, slot: Slot, root: Path | None) -> DirectOp:
             if inventory.setdefault(k.name, k) != k:
                 raise DirectError(f"aot_exports[{e.index}].device_plan.kernels", f"kernel {k.name} is declared with "
                                   f"parameters {list(k.params)} here and {list(inventory[k.name].params)} elsewhere")
-    src_key, suffixes = SOURCE_KEYS[provider]
-    other = next(k for k, _ in SOURCE_KEYS.values() if k != src_key)
+    src_key, suffixes = PROVIDERS[provider].sources_key, PROVIDERS[provider].suffixes
+    other = next(p.sources_key for p in PROVIDERS.values() if p.sources_key != src_key)
     if other in row:
         raise DirectError(other, f"the row's provider is {provider}; its sources go in `{src_key}`")
     sources = tuple(_list(row.get(src_key), src_key, MAX_SOURCES))
@@ -538,8 +560,8 @@ def parse_direct(row: dict, slot: Slot, root: Path | None) -> DirectOp:
         if root is not None and not (root / s).is_file():
             raise DirectError(sk, f"{s!r} does not exist in the bundle")
     units = [s for s in sources if not s.endswith((".h", ".hpp", ".cuh"))]
-    if not units or (provider == "cuda.cubin.v1" and len(units) != 1):
-        raise DirectError(src_key, "needs one translation unit (.cu) for a CUBIN" if provider == "cuda.cubin.v1"
+    if not units or (PROVIDERS[provider].single_unit and len(units) != 1):
+        raise DirectError(src_key, "needs one translation unit (.cu) for a CUBIN" if PROVIDERS[provider].single_unit
                           else "needs at least one C/C++ translation unit (.c, .cc, .cpp)")
     declaration = {"slot": slot.name, "provider": provider, "sources": list(sources),
                    "aot_exports": row["aot_exports"], "artifact_resources": raw_resources}

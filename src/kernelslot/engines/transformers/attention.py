@@ -9,7 +9,7 @@ extras the slot does not express (sinks ``s_aux``, ``sliding_window``, ``softcap
 ``entry(q (T, Hq, D), k, v (S, Hkv, D), out, sm_scale, causal)`` with its
 :class:`CallDescriptor`; installed candidates serve the calls inside their domain (through the
 :class:`SlotRouter`, the built-in as incumbent), the built-in the rest. Calls that do not fit
-run transformers' own ``sdpa`` unchanged (receipt variant ``model``).
+run transformers' own ``sdpa`` unchanged (counter variant ``model``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from kernelslot.abi import CallDescriptor
-from kernelslot.engines.transformers.experts import BUILTIN, MODEL_CODE, CallContext, Receipt
+from kernelslot.engines.transformers.experts import BUILTIN, MODEL_CODE, CallContext, CallCounters
 from kernelslot.slots.base import Candidate, dtype_name
 
 SLOT = "attention.sdpa"
@@ -39,7 +39,7 @@ def fits_sdpa(query: torch.Tensor, key: torch.Tensor, attention_mask: Optional[t
 
 
 class AttentionState:
-    """The router (built-in incumbent, optional candidates) and receipts of one installation."""
+    """The router (built-in incumbent, optional candidates) and call counters of one installation."""
 
     def __init__(self, candidates: Sequence[Candidate] = (), context: Optional[CallContext] = None):
         from kernelslot.dispatch import SlotRouter
@@ -47,20 +47,20 @@ class AttentionState:
 
         self.router = SlotRouter(get_slot(SLOT), list(candidates))
         self.context = context or CallContext()
-        self.receipts: dict[str, Receipt] = {BUILTIN: Receipt(), MODEL_CODE: Receipt()}
+        self.counters: dict[str, CallCounters] = {BUILTIN: CallCounters(), MODEL_CODE: CallCounters()}
         self._lock = threading.Lock()
 
     def count(self, variant: str, decode: bool) -> None:
         with self._lock:
-            r = self.receipts.setdefault(variant, Receipt())
+            r = self.counters.setdefault(variant, CallCounters())
             r.fired += 1
             r.fired_decode += int(decode)
 
-    def receipt_table(self) -> dict[str, Receipt]:
-        table = {k: Receipt(**{**v.__dict__, "errors": list(v.errors)}) for k, v in self.receipts.items()}
-        for name, r in self.router.receipts.items():
+    def counter_table(self) -> dict[str, CallCounters]:
+        table = {k: CallCounters(**{**v.__dict__, "errors": list(v.errors)}) for k, v in self.counters.items()}
+        for name, r in self.router.counters.items():
             if name == "incumbent":
-                table[BUILTIN].completed = r.fallback - sum(x.fallback for n, x in self.router.receipts.items()
+                table[BUILTIN].completed = r.fallback - sum(x.fallback for n, x in self.router.counters.items()
                                                             if n != "incumbent")
             elif name in table:
                 table[name].completed, table[name].fallback, table[name].errors = r.completed, r.fallback, list(r.errors)

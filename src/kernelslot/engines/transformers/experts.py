@@ -43,7 +43,7 @@ _PAD = 32
 
 
 @dataclass
-class Receipt:
+class CallCounters:
     """Per variant: ``fired`` calls routed to it (``fired_decode`` of them in decode steps),
     ``completed`` cleanly, ``fallback`` recomputed by another implementation after it raised."""
 
@@ -53,7 +53,7 @@ class Receipt:
     fallback: int = 0
     errors: list[str] = field(default_factory=list)
 
-    def add(self, other: "Receipt") -> None:
+    def add(self, other: "CallCounters") -> None:
         self.fired += other.fired
         self.fired_decode += other.fired_decode
         self.completed += other.completed
@@ -131,7 +131,7 @@ class ExpertsState:
         self.candidates = list(candidates)
         self.context = context or CallContext()
         self.weight_format = weight_format
-        self.receipts: dict[str, Receipt] = {BUILTIN: Receipt(), MODEL_CODE: Receipt()}
+        self.counters: dict[str, CallCounters] = {BUILTIN: CallCounters(), MODEL_CODE: CallCounters()}
         self._lock = threading.Lock()
         self.key: tuple = ()
         self.prepare(module)
@@ -170,8 +170,8 @@ class ExpertsState:
         old = self.router
         self.router = SlotRouter(get_slot(SLOT), self.candidates, _builtin_kernel(self.act))
         if old is not None:  # keep the counts across re-prepares
-            for name, r in old.receipts.items():
-                self.router.receipts[name] = r
+            for name, r in old.counters.items():
+                self.router.counters[name] = r
         if self.has_bias:
             w13, w2 = _fold_biases(dense, dtype)
         else:
@@ -189,7 +189,7 @@ class ExpertsState:
 
     def _count(self, variant: str, **delta: int) -> None:
         with self._lock:
-            r = self.receipts.setdefault(variant, Receipt())
+            r = self.counters.setdefault(variant, CallCounters())
             for k, v in delta.items():
                 setattr(r, k, getattr(r, k) + v)
 
@@ -215,8 +215,8 @@ class ExpertsState:
             fused_experts_forward(hidden, ids, weights, self.weights, self.act, out)
         except Exception as exc:  # the model's own code recomputes the call
             with self._lock:
-                self.receipts[BUILTIN].fallback += 1
-                self.receipts[BUILTIN].errors.append(f"{type(exc).__name__}: {exc}")
+                self.counters[BUILTIN].fallback += 1
+                self.counters[BUILTIN].errors.append(f"{type(exc).__name__}: {exc}")
             return type(module).forward.__wrapped__(module, hidden, top_k_index, top_k_weights)
         self._count(BUILTIN, completed=1)
         return out
@@ -236,11 +236,11 @@ class ExpertsState:
         bias = self.down_bias[ids.clamp(min=0).long()] * (weights * (ids >= 0)).unsqueeze(-1)
         return (out[:, :h].float() + bias.sum(1)).to(hidden.dtype)
 
-    def receipt_table(self) -> dict[str, Receipt]:
+    def counter_table(self) -> dict[str, CallCounters]:
         """Per variant; candidates' ``completed``/``fallback``/errors come from the router."""
-        table = {k: Receipt(**{**v.__dict__, "errors": list(v.errors)}) for k, v in self.receipts.items()}
+        table = {k: CallCounters(**{**v.__dict__, "errors": list(v.errors)}) for k, v in self.counters.items()}
         if self.router is not None:
-            for name, r in self.router.receipts.items():
+            for name, r in self.router.counters.items():
                 if name in table and name not in (BUILTIN, MODEL_CODE):
                     table[name].completed, table[name].fallback = r.completed, r.fallback
                     table[name].errors = list(r.errors)

@@ -11,7 +11,7 @@ front (weights normalised, activation probed, native layout built, each candidat
 ``prepare`` run), switches the model to ``"kernelslot"``, tracks the phase of each forward
 (prefill / decode, batch size) for the call descriptors, re-prepares a module eagerly after
 ``load_state_dict`` (and lazily, on its next call, after ``.to()`` or an in-place update: the
-weight key changes), and returns an :class:`Installation` with per-slot receipts and
+weight key changes), and returns an :class:`Installation` with per-slot call counters and
 ``uninstall()``. A bundle is installed only if the result store holds a passing ``verify``
 receipt for its content hash and slot, unless ``trust_unverified=True``.
 """
@@ -23,7 +23,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from kernelslot.engines.transformers import attention as attn
-from kernelslot.engines.transformers.experts import SLOT as EXPERTS_SLOT, CallContext, ExpertsState, Receipt
+from kernelslot.engines.transformers.experts import SLOT as EXPERTS_SLOT, CallContext, CallCounters, ExpertsState
 
 NAME = "kernelslot"
 SLOTS = (EXPERTS_SLOT, attn.SLOT)
@@ -60,7 +60,7 @@ def experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]
 
 @dataclass
 class Installation:
-    """What :func:`install` did; ``receipts()`` per slot and variant, ``uninstall()`` undoes it."""
+    """What :func:`install` did; ``counters()`` per slot and variant, ``uninstall()`` undoes it."""
 
     model: torch.nn.Module
     slots: tuple[str, ...]
@@ -72,16 +72,16 @@ class Installation:
     _hooks: list = field(default_factory=list)
     installed: bool = True
 
-    def receipts(self) -> dict[str, dict[str, dict[str, Any]]]:
+    def counters(self) -> dict[str, dict[str, dict[str, Any]]]:
         out: dict[str, dict[str, dict[str, Any]]] = {}
         if EXPERTS_SLOT in self.slots:
-            total: dict[str, Receipt] = {}
+            total: dict[str, CallCounters] = {}
             for st in self.states.values():
-                for name, r in st.receipt_table().items():
-                    total.setdefault(name, Receipt()).add(r)
+                for name, r in st.counter_table().items():
+                    total.setdefault(name, CallCounters()).add(r)
             out[EXPERTS_SLOT] = {k: v.as_dict() for k, v in total.items()}
         if self.attention is not None:
-            out[attn.SLOT] = {k: v.as_dict() for k, v in self.attention.receipt_table().items()}
+            out[attn.SLOT] = {k: v.as_dict() for k, v in self.attention.counter_table().items()}
         return out
 
     def uninstall(self) -> None:
@@ -169,7 +169,7 @@ def _bundle_candidates(bundle: Any, slots: tuple[str, ...], store: Optional[str]
         return {}, None
     from kernelslot.bundle import load_bundle
 
-    from kernelslot.engines.receipts import passing_slots
+    from kernelslot.store.receipts import passing_slots
 
     if not hasattr(bundle, "candidates"):
         bundle = load_bundle(bundle)

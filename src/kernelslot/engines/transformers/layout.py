@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 
 _PROBE_ATOL = 1e-5  # fp64 probe; a matching formula agrees to rounding, a different one by >1e-2
 

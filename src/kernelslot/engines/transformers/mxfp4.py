@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from kernelslot.formats import dequantize_mx, quantize_mx
-from kernelslot.kernels.moe_block.spec import ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertWeights
 
 WEIGHT_FORMATS = ("auto", "dense", "mxfp4")
 

@@ -1,44 +1,50 @@
 """Block-level configuration of the MoE decode block (seed 003 ``moe_block_tkg``).
 
+Seed 003 is the MoE decode megakernel source document the project was created from
+(``../shared/seeds/003_fbad06efb3d9daf3.txt``, a walkthrough of nkilib's ``moe_block_tkg``).
 Everything here is data: the router and scaling modes, the strategy hint, the optional shared
-expert, and :class:`MoeBlockConfig`, which validates the combination once so that no stage has
-to re-check it. Conventions: ``E`` global experts, ``E_L`` local experts on this rank, global
-expert ``e`` is local ``e - rank_id·E_L``; affinities and every accumulator are fp32.
+expert, and :class:`MoeBlockConfig`, which validates the combination once, at construction, so
+that no stage has to re-check it. The orchestrator reads it; every stage receives its fields.
+
+Dimensions:
+    ``E`` global experts, ``E_L`` local experts on this rank, ``K`` top-k, ``H`` hidden.
+    Global expert ``e`` is local ``e - rank_id·E_L``; affinities and every accumulator are fp32.
+
+Arguments (:class:`MoeBlockConfig` fields):
+    top_k (K, in [1, E]); num_experts (E); num_local_experts (E_L, divides E);
+    rank_id (in [0, E/E_L)); router_activation ``sigmoid`` | ``softmax``; router_pre_norm,
+    norm_topk_prob (see the class); scaling ``POST_SCALE`` | ``NO_SCALE`` (a name is parsed;
+    PRE_SCALE and PRE_SCALE_DELAYED raise); activation (:class:`ExpertActivation`);
+    routed_scaling_factor (float, applied once by the orchestrator); strategy ``all_expert`` |
+    ``selective`` | ``auto``.
+    :class:`SharedExpert`: ``weights`` (one expert), ``activation``, optional ``gate`` (H,).
+
+Returns:
+    Frozen dataclasses; an invalid combination raises ValueError when built. Properties:
+    ``expert_offset`` and ``needs_index_mask`` (below).
+
+Pseudocode::
+
+    scaling = ScalingMode.parse(scaling); reject PRE_SCALE, PRE_SCALE_DELAYED
+    require 1 <= K <= E,  E % E_L == 0,  0 <= rank_id < E / E_L
+    expert_offset    = rank_id · E_L
+    needs_index_mask = router_pre_norm and not norm_topk_prob      # the keystone
+
+The keystone is the seed's name for that one boolean (``moe_block_tkg.py:331``): the single
+condition under which the router leaves dense affinities, so the all-expert path must re-apply
+the top-K index mask itself (docs/moe_block.md, "The keystone").
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights, ScalingMode
 
 ROUTER_ACTIVATIONS = ("sigmoid", "softmax")
 STRATEGIES = ("all_expert", "selective", "auto")
-
-
-class ScalingMode(enum.Enum):
-    """How routed affinities weight the expert outputs (seed ``ExpertAffinityScaleMode``).
-
-    Only NO_SCALE and POST_SCALE exist in decode; the other two are named so that a caller who
-    asks for them gets a precise rejection rather than a silent fallback.
-    """
-
-    NO_SCALE = 0  # out = Σ_routed expert(h)            (unweighted, over each token's routed set)
-    POST_SCALE = 1  # out = Σ_routed affinity·expert(h)
-    PRE_SCALE = 2  # rejected: scales the expert *input*; not a decode mode
-    PRE_SCALE_DELAYED = 3  # rejected: prefill (CTE) only
-
-    @classmethod
-    def parse(cls, value: "ScalingMode | str") -> "ScalingMode":
-        if isinstance(value, ScalingMode):
-            return value
-        try:
-            return cls[str(value).upper()]
-        except KeyError:
-            raise ValueError(f"unknown scaling mode {value!r}; allowed: NO_SCALE, POST_SCALE") from None
 
 
 def check_decode_scaling(mode: ScalingMode) -> None:

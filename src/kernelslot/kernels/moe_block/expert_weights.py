@@ -1,15 +1,34 @@
 """Dequantisation of one local expert's weights to fp32, for every :data:`EXPERT_FORMATS` entry.
 
-Contract: returns ``(gate_up (2I, H), down (H, I))`` fp32 in the logical row order of
-:mod:`spec` (gate rows then up rows). The codecs themselves live in :mod:`kernelslot.formats`;
-this module only applies them per expert:
+The weight side of the format axis of seed 003's 2×2 leaf matrix (seed 003 is the MoE decode
+megakernel source document the project was created from,
+``../shared/seeds/003_fbad06efb3d9daf3.txt``): the leaves and :mod:`projections` see only fp32
+matrices and projections built here, so they are format-agnostic. The codecs themselves live
+in :mod:`kernelslot.formats`; this module only applies them per expert.
 
-- ``dense``: a cast.
-- ``fp8_row``: ``e4m3 · scale[row]`` (gate/up scales accepted as ``(E, 2I)`` or ``(E, 2, I)``).
-- ``mxfp4`` / ``mxfp8``: E2M1 / E4M3 elements times their E8M0 block scale (32 along the
-  contraction dim), via :func:`kernelslot.formats.dequantize_mx`.
-- ``nvfp4``: E2M1 elements × E4M3 block scale (16 along the contraction dim, unswizzled) ×
-  the per-expert fp32 outer scale.
+Dimensions:
+    E_L local experts, H hidden, I intermediate, N rows of the input to a projection.
+
+Arguments:
+    weights  :class:`ExpertWeights` in the layout of :mod:`kernelslot.kernels.experts_spec`.
+    e        the local expert, in [0, E_L).
+    which    ``"gate_up"`` | ``"down"`` (:func:`expert_projection`).
+
+Returns:
+    :func:`expert_gate_up` fp32 ``(2I, H)`` in the logical row order (gate rows then up rows);
+    :func:`expert_down` fp32 ``(H, I)``; :func:`dequantize_experts` both for all experts,
+    ``(E_L, 2I, H)`` and ``(E_L, H, I)``; :func:`expert_projection` a callable
+    ``x (N, in) fp32 -> x·Wᵀ + b`` fp32 ``(N, out)``; :func:`as_dense` dense fp32 weights.
+
+Pseudocode, per format::
+
+    dense      W = data.float()                                   # a cast
+    fp8_row    W = e4m3 · scale[row]          # gate/up scales accepted as (E, 2I) or (E, 2, I)
+    mxfp4/8    W = E2M1 / E4M3 · E8M0 block scale                 # 32 along the contraction dim
+    nvfp4      W = E2M1 · E4M3 block scale · outer[e]             # 16, unswizzled; outer fp32
+    expert_projection(x) = x·Wᵀ (+ bias[e]), W dequantised a block of rows (2²² elements) at a
+                           time, so no full fp32 copy of a large expert is materialised; each
+                           output element is the same fp32 dot product
 """
 from __future__ import annotations
 
@@ -20,7 +39,7 @@ import torch.nn.functional as F
 
 from kernelslot.formats.mx import dequantize_mx
 from kernelslot.formats.nvfp4 import dequantize_nvfp4
-from kernelslot.kernels.moe_block.spec import ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertWeights
 
 _MX_ELEM = {"mxfp4": "fp4", "mxfp8": "fp8_e4m3"}
 

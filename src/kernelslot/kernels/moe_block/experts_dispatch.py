@@ -1,20 +1,40 @@
-"""The one place that picks the implementation of the expert leaves.
+"""The one place that picks the implementation of the expert leaves (and of the whole block).
 
-Contract: :func:`attach_fast_paths` runs at prepare time (``prepare_moe_block``,
-``prepare_fused_experts``, the ``moe.fused_experts`` NVFP4 prepare). For CPU weights inside the
-native domain (:func:`kernelslot.kernels.native.native_supports`) it repacks them once into the
-native tile layout and remembers it for that :class:`ExpertWeights` object (dropped when the
-object is garbage-collected). At call time :func:`native_selective` / :func:`native_all_expert`
-return the leaf's fp32 ``(T, H)`` accumulator from the native kernels when a layout is attached
-and the call (device, activation, ``T``) is covered, or ``None``: the caller then runs its torch
-leaf. Nothing is repacked per call. Numerics: fp32 accumulation, the same MXFP8 activation
-quantisation; results equal the torch leaves up to fp32 rounding order.
+Callers never choose a fast path: the torch stages (:mod:`leaves`, :mod:`orchestrator`) ask
+here first and run their own torch code when the answer is None / False.
+:func:`attach_fast_paths` runs at prepare time (``prepare_moe_block``,
+``prepare_fused_experts``, the ``moe.fused_experts`` NVFP4 prepare); :func:`attach_native_block`
+at ``prepare_moe_block`` time, after it.
 
-The whole decode block has the same arrangement: :func:`attach_native_block` at
-``prepare_moe_block`` time, :func:`native_block` first in ``moe_block_tkg`` (one native call for
-norm, router, top-K, routed and shared experts; ``False`` -> the torch block runs).
+Dimensions:
+    T tokens, H hidden, E_L local experts, K top-k.
 
-``KERNELSLOT_NATIVE=0`` turns the native path off (the library then never loads).
+Arguments:
+    weights          :class:`ExpertWeights`; params: :class:`MoeBlockParams`.
+    h                (T, H) fp32; local_index: (T, K) local ids or -1.
+    topk_affinities  (T, K) (selective); coef: (T, E_L), the all-expert coefficient sheet.
+    act, scaling, mx_act_quant: as for the leaves.
+
+Returns:
+    :func:`native_selective` / :func:`native_all_expert`: the leaf's fp32 (T, H) accumulator,
+    or None (the caller runs its torch leaf). :func:`native_block`: True when it ran (one native call
+    for norm, router, top-K, routed and shared experts; CPU, fp32/bf16 I/O, ``1 <= T <= 64``)
+    and wrote ``out`` and the optional outputs, else False (the torch block runs).
+
+Pseudocode::
+
+    prepare:    if CPU weights in native_supports:  layout[weights] = repack to native tiles
+                if experts (and shared) have a layout:  block[params] = prepare_native_block(...)
+    selective:  layout and CPU and native_supports(layout, act, T)
+                    -> expert_mlp_native(h, local_index, topk_affinities, post_scale = POST_SCALE)
+    all-expert: ids[t, e] = e where coef[t, e] != 0 else -1
+                    -> expert_mlp_native(h, ids, coef, post_scale = True)
+
+A layout is remembered for its :class:`ExpertWeights` object (dropped when the object is
+garbage-collected), rebuilt on every prepare (weights reloaded in place must be seen) and never
+repacked per call. Numerics: fp32 accumulation, the same MXFP8 activation quantisation; results
+equal the torch leaves up to fp32 rounding order. ``KERNELSLOT_NATIVE=0`` turns the native path
+off (the library then never loads).
 """
 from __future__ import annotations
 
@@ -23,8 +43,9 @@ from typing import Any, Optional
 
 import torch
 
-from kernelslot.kernels.moe_block.config import ScalingMode
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels import native
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights, ScalingMode
+from kernelslot.kernels.native import block as native_blocks
 
 _ATTACHED: dict[int, Any] = {}  # id(ExpertWeights) -> NativeExperts
 _BLOCKS: dict[int, Any] = {}  # id(MoeBlockParams) -> NativeBlock
@@ -36,8 +57,6 @@ def attach_fast_paths(weights: ExpertWeights) -> None:
     same object and storages, new values) must see the new values."""
     if weights.gate_up.device.type != "cpu":
         return
-    from kernelslot.kernels import native  # lazy: native imports moe_block.spec
-
     if not native.native_supports(weights, ExpertActivation(), 1):
         return
     if id(weights) not in _ATTACHED:
@@ -51,10 +70,8 @@ def attach_native_block(params: Any) -> None:
     experts = _ATTACHED.get(id(params.experts))
     if experts is None:
         return
-    from kernelslot.kernels.native.block import prepare_native_block
-
     shared = _ATTACHED.get(id(params.shared.weights)) if params.shared is not None else None
-    block = prepare_native_block(params, experts, shared)
+    block = native_blocks.prepare_native_block(params, experts, shared)
     if block is not None:
         if id(params) not in _BLOCKS:
             weakref.finalize(params, _BLOCKS.pop, id(params), None)
@@ -68,23 +85,17 @@ def native_block(params: Any, x: torch.Tensor, residual: Optional[torch.Tensor],
     block = _BLOCKS.get(id(params))
     if block is None:
         return False
-    from kernelslot.kernels.native.block import moe_block_native
-
-    return moe_block_native(block, x, residual, eps, out, out_residual, router_logits)
+    return native_blocks.moe_block_native(block, x, residual, eps, out, out_residual, router_logits)
 
 
 def _covered(weights: ExpertWeights, h: torch.Tensor, act: ExpertActivation):
     prepared = _ATTACHED.get(id(weights))
     if prepared is None or h.device.type != "cpu":
         return None
-    from kernelslot.kernels import native
-
     return prepared if native.native_supports(prepared, act, h.shape[0]) else None
 
 
 def _run(prepared, h, ids, coef, act, post_scale: bool, mx_act_quant: bool) -> torch.Tensor:
-    from kernelslot.kernels import native
-
     out = torch.zeros(h.shape, dtype=torch.float32)
     native.expert_mlp_native(h.float().contiguous(), ids, coef.float(), prepared, act, post_scale,
                              mx_act_quant, out)

@@ -1,18 +1,39 @@
 """The built-in ``moe.fused_experts`` computation, on the block's selective leaf.
 
-Contract (``moe.fused_experts``, docs/slots/moe.md): ``x (M, H)``; ``topk_ids (M, K)`` expert ids in
-``[0, E)`` or ``-1`` (contributes nothing); ``topk_weights (M, K)`` fp32 raw multipliers
-applied as given (POST_SCALE, no renormalisation); ``out[m] = Σ_k w[m,k]·expert_e(x[m])``,
-computed in fp32 and written into ``out`` honouring its strides and dtype.
+The slot ``moe.fused_experts`` is the experts half of an MoE layer alone: the engine has
+already routed, so the ids and weights arrive as given. This module runs them on the decode
+block's selective leaf (:mod:`leaves`), so both slots share one expert path and its native
+fast path (attached here at prepare time).
+
+Dimensions:
+    M tokens, H hidden, E experts, K top-k, I intermediate.
+
+Arguments:
+    :func:`prepare_fused_experts`: dense ``w13 (E, 2I, H)`` (gate rows then up rows) and
+    ``w2 (E, H, I)``; referenced, not copied or modified.
+    :func:`fused_experts_forward`: ``x (M, H)``; ``topk_ids (M, K)`` expert ids in ``[0, E)`` or
+    ``-1`` (contributes nothing); ``topk_weights (M, K)`` fp32 raw multipliers applied as given
+    (POST_SCALE, no renormalisation); ``weights`` (:class:`ExpertWeights`, any format); ``act``;
+    ``out (M, H)``; ``mx_act_quant`` (MXFP8 activations, as on the block's MX path).
+
+Returns / Writes:
+    :func:`prepare_fused_experts` returns ``ExpertWeights("dense", w13, w2)``;
+    :func:`fused_experts_forward` writes ``out`` honouring its strides and dtype, returns None.
+
+Pseudocode::
+
+    acc[m] = Σ_k topk_weights[m, k] · expert_{topk_ids[m, k]}(x[m].float())    # fp32
+    expert_e(x) = (act(clamp(g)) · (clamp(u) + β))·W2[e]ᵀ + b2,  g | u = x·W13[e]ᵀ + b13
+    out.copy_(acc)
 """
 from __future__ import annotations
 
 import torch
 
-from kernelslot.kernels.moe_block.config import ScalingMode
+from kernelslot.kernels.experts_spec import ScalingMode
 from kernelslot.kernels.moe_block.experts_dispatch import attach_fast_paths
 from kernelslot.kernels.moe_block.leaves import selective_experts
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 
 
 def prepare_fused_experts(w13: torch.Tensor, w2: torch.Tensor) -> ExpertWeights:

@@ -1,32 +1,57 @@
-"""The expert-MLP leaves of the 2×2 matrix (seed ``moe_tkg``), with their torch twin.
+"""The expert-MLP leaves of the 2×2 matrix (seed 003 ``moe_tkg``), with their torch twin.
 
-Both leaves share one boundary, so a dispatcher can swap implementations (native CPU,
-Triton) behind it::
+Seed 003 is the MoE decode megakernel source document the project was created from
+(``../shared/seeds/003_fbad06efb3d9daf3.txt``, a walkthrough of nkilib's ``moe_block_tkg``).
+Its 2×2 matrix is strategy (all-expert | selective) × weight format (MX | bf16/fp8); here the
+strategy is two functions and the format axis is the per-expert dequantisation
+(:mod:`expert_weights`) plus ``mx_act_quant``. The leaves run after the router / masking and
+before the orchestrator's routed scaling and shared expert; both share one boundary, so
+:mod:`experts_dispatch` can serve either natively (tried first) behind it::
 
     leaf(weights: ExpertWeights, h: fp32 (T, H), local_index: (T, K) local ids or -1,
          affinities, act: ExpertActivation, scaling: ScalingMode, mx_act_quant: bool)
         -> fp32 (T, H) accumulator  Σ_routed coef · expert(h)
 
-``coef`` is the affinity under POST_SCALE and 1 under NO_SCALE, over each token's routed set
-(ids ``-1`` contribute nothing). The MX-vs-dense axis of the seed's matrix is the weight format
-(dequantised per expert by :mod:`expert_weights`) plus ``mx_act_quant``.
+Dimensions:
+    T tokens, H hidden, E_L local experts, K top-k, I intermediate.
 
-- :func:`selective_experts`: sparse compute; ``affinities`` is ``(T, K)`` aligned with
-  ``local_index``; each routed expert runs on exactly the tokens that chose it.
-- :func:`all_expert_experts`: dense compute, sparse result; ``affinities`` is the masked
-  ``(T, E_L)`` sheet; every token runs through every local expert whose coefficient column is
-  not all zero, and the coefficient collapses the sum to the routed set.
+Arguments:
+    weights       :class:`ExpertWeights` of the E_L local experts, any format.
+    h             (T, H) fp32, the normed hidden.   local_index: ids in [0, E_L), or -1
+                  (not on this rank: contributes nothing).
+    affinities    selective: ``topk_affinities`` (T, K) aligned with ``local_index``;
+                  all-expert: ``masked_affinities`` (T, E_L) from :mod:`masking`.
+    act           the gated activation (:mod:`projections`).
+    scaling       POST_SCALE (coef = affinity) | NO_SCALE (coef = 1 over each token's routed set).
+    mx_act_quant  MXFP8-quantise the expert input and the intermediate (MX weights).
+
+Returns:
+    fp32 (T, H), without ``routed_scaling_factor`` and without the shared expert.
+
+Pseudocode::
+
+    x = mxfp8_roundtrip(h) if mx_act_quant else h                     # once per call
+    selective:  for e in routed local ids: for (t, k) with local_index[t, k] == e:
+                    acc[t] += coef[t, k] · expert_e(x[t])              # coef = topk_affinities | 1
+    all-expert: coef = masked_affinities (POST_SCALE) | routed_indicator(local_index) (NO_SCALE)
+                for e with any(coef[:, e] != 0):  acc += expert_e(x) · coef[:, e]
+    expert_e(x) = projections.expert_mlp(x) = (act(clamp(g))·(clamp(u) + β) [→ MXFP8])·W2ᵀ + b2
+
+All-expert is dense compute, sparse result: every token runs through every local expert whose
+coefficient column is not all zero, and the coefficient collapses the sum to the routed set.
+The twin gathers every (token, k) pair at once on fully dequantised weights.
 """
 from __future__ import annotations
 
 import torch
 
-from kernelslot.kernels.moe_block.config import ScalingMode, check_decode_scaling
+from kernelslot.kernels.experts_spec import ScalingMode
+from kernelslot.kernels.moe_block.config import check_decode_scaling
 from kernelslot.kernels.moe_block.expert_weights import dequantize_experts, expert_projection
 from kernelslot.kernels.moe_block.experts_dispatch import native_all_expert, native_selective
 from kernelslot.kernels.moe_block.masking import routed_indicator
 from kernelslot.kernels.moe_block.projections import expert_input, expert_mlp, gated_activation_reference, mxfp8_roundtrip
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 
 
 def _check(weights: ExpertWeights, h: torch.Tensor, local_index: torch.Tensor, scaling: ScalingMode) -> None:

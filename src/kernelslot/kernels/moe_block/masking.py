@@ -1,13 +1,36 @@
-"""Affinity masking: the rank slice and the top-K index mask (seed ``mask_expert_affinities``).
+"""Affinity masking: the rank slice and the top-K index mask (seed 003 ``mask_expert_affinities``).
 
-Contract: ``affinities`` fp32 ``(T, E)`` from the router; ``expert_index`` ``(T, K)`` global ids.
-This rank owns global experts ``[rank_id·E_L, rank_id·E_L + E_L)``.
+Seed 003 is the MoE decode megakernel source document the project was created from
+(``../shared/seeds/003_fbad06efb3d9daf3.txt``, a walkthrough of nkilib's ``moe_block_tkg``).
+This stage sits between the router and the leaves: it turns the router's global ``(T, E)``
+affinities into this rank's ``(T, E_L)`` coefficient sheet for the all-expert leaf, and maps
+global ids to local ids for both leaves. This rank owns global experts
+``[rank_id·E_L, rank_id·E_L + E_L)``.
 
-- :func:`mask_affinities` slices ``(T, E) -> (T, E_L)`` at offset ``rank_id·E_L`` and, only
-  when ``apply_index_mask`` (the keystone ``router_pre_norm ∧ ¬norm_topk_prob``, decided by the
-  orchestrator), zeroes each local column for tokens that did not route to that expert.
-- :func:`local_expert_index` maps global ids to local ids, ``-1`` for experts of other ranks
-  (and keeps ``-1`` inputs as ``-1``).
+Dimensions:
+    T tokens, E global experts, E_L local experts on this rank, K top-k.
+
+Arguments:
+    affinities         (T, E) fp32 from the router.
+    expert_index       (T, K) global ids (int; ``-1`` allowed in :func:`local_expert_index`).
+    rank_id            this rank; its first local expert is global ``rank_id·E_L``.
+    num_local_experts  E_L.
+    apply_index_mask   the keystone ``router_pre_norm ∧ ¬norm_topk_prob``, decided by the
+                       orchestrator (which also requires POST_SCALE). The keystone is the
+                       seed's name for the one condition under which the router leaves dense
+                       affinities, so the top-K mask must be re-applied here.
+
+Returns:
+    :func:`mask_affinities`: fp32 (T, E_L), a fresh tensor (ValueError if the slice passes E).
+    :func:`local_expert_index`: int64 (T, K) local ids, ``-1`` for experts of other ranks
+    (``-1`` inputs stay ``-1``). :func:`routed_indicator`: fp32 (T, E_L), 1 where routed.
+
+Pseudocode::
+
+    local = affinities[:, rank_id·E_L : rank_id·E_L + E_L].float()
+    if apply_index_mask:
+        for e in range(E_L):  local[:, e] *= any(expert_index == rank_id·E_L + e, over K)
+    local_index = expert_index - rank_id·E_L   where in [0, E_L), else -1
 """
 from __future__ import annotations
 

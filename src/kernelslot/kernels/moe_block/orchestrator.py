@@ -1,16 +1,44 @@
-"""Stage 0: the MoE decode block orchestrator (seed ``moe_block_tkg``), one pass per call.
+"""Stage 0: the MoE decode block orchestrator (seed 003 ``moe_block_tkg``), one pass per call.
 
-``moe_block_tkg(x, residual, params, eps, out, out_residual, router_logits) -> None``:
+Seed 003 is the MoE decode megakernel source document the project was created from
+(``../shared/seeds/003_fbad06efb3d9daf3.txt``, a walkthrough of nkilib's ``moe_block_tkg``).
+The orchestrator is the block's entry (the ``moe.block_tkg`` slot's incumbent): it runs every
+other stage once, decides the strategy here and only here (:func:`choose_strategy`), and
+applies ``routed_scaling_factor`` in exactly one place.
 
-1. ``h = rmsnorm(x [+ residual])`` once, fp32 (:mod:`rmsnorm`); ``out_residual`` filled;
-2. the router on ``h`` (:mod:`router`); ``router_logits`` filled when given;
-3. the strategy decided here and only here (:func:`choose_strategy`);
-4. all-expert: rank slice + keystone index mask (:mod:`masking`), then the all-expert leaf;
-   selective: local ids + gathered affinities, then the selective leaf (:mod:`leaves`);
-5. ``out = routed_scaling_factor · routed + shared(h)`` — the factor applied here, once.
+Dimensions:
+    T tokens, H hidden, E global experts, E_L local experts, K top-k, I intermediate.
 
-Outputs are written with ``copy_`` so any strides and the output dtype are honoured; inputs
-are never modified; nothing is cached between calls.
+Arguments (:func:`moe_block_tkg`):
+    x         (T, H) I/O dtype, the layer input.    residual: (T, H) or None.
+    params    :class:`MoeBlockParams` from :func:`prepare_moe_block`: gamma (H,),
+              router_weight (E, H), experts (E_L local), config, router_bias (E,),
+              correction_bias (E,) for selection only, shared (optional); shapes checked once.
+    eps       the RMSNorm epsilon.
+
+Writes:
+    ``out`` (T, H); ``out_residual`` (T, H) or None: ``x + residual`` in the I/O dtype;
+    ``router_logits`` (T, E) or None: the fp32 logits. All with ``copy_``, so any strides and
+    the output dtype are honoured; returns None. Inputs are never modified; nothing is cached
+    between calls.
+
+Pseudocode::
+
+    if native_block(params, ...): return            # whole block in one native call, where covered
+    h = rmsnorm(x [+ residual]) once, fp32           # :mod:`rmsnorm`; -> out_residual
+    r = route(h)                                     # :mod:`router`;  -> router_logits
+    local_index = r.expert_index - rank_id·E_L, -1 off this rank
+    if choose_strategy(cfg, T) == "all_expert":      # auto: all-expert when T·K >= E_L
+        coef = mask_affinities(r.affinities, apply_index_mask = keystone ∧ POST_SCALE)
+        acc  = all_expert_experts(h, local_index, coef)
+    else:
+        acc  = selective_experts(h, local_index, r.topk_affinities)
+    acc = routed_scaling_factor · acc                # the one place it is applied
+    out = acc [+ shared_expert(h)]
+
+The keystone is the seed's name for ``router_pre_norm ∧ ¬norm_topk_prob``
+(:attr:`MoeBlockConfig.needs_index_mask`): the one condition under which the router leaves
+dense affinities, so the all-expert path must re-apply the top-K index mask.
 """
 from __future__ import annotations
 
@@ -19,14 +47,15 @@ from typing import Any, Optional
 
 import torch
 
-from kernelslot.kernels.moe_block.config import MoeBlockConfig, ScalingMode, SharedExpert
+from kernelslot.kernels.experts_spec import ScalingMode
+from kernelslot.kernels.moe_block.config import MoeBlockConfig, SharedExpert
 from kernelslot.kernels.moe_block.experts_dispatch import attach_fast_paths, attach_native_block, native_block
 from kernelslot.kernels.moe_block.leaves import all_expert_experts, selective_experts
 from kernelslot.kernels.moe_block.masking import local_expert_index, mask_affinities
 from kernelslot.kernels.moe_block.rmsnorm import residual_rmsnorm
 from kernelslot.kernels.moe_block.router import route
 from kernelslot.kernels.moe_block.shared_expert import MX_FORMATS, shared_expert_forward
-from kernelslot.kernels.moe_block.spec import ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertWeights
 
 
 @dataclass(frozen=True)

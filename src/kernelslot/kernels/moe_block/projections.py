@@ -1,9 +1,29 @@
 """The expert MLP: gate/up projection, gated activation, down projection, with its twin.
 
-Contract, per expert, rows of an fp32 hidden ``h (N, H)``::
+One expert's computation, run by the leaves (:mod:`leaves`) and the shared expert for each
+expert they touch: seed 003's MX ``gate_up`` / ``down`` projections made device-neutral (seed
+003 is the MoE decode megakernel source document the project was created from,
+``../shared/seeds/003_fbad06efb3d9daf3.txt``). The weights arrive as fp32 projections from
+:mod:`expert_weights`, so this module is format-agnostic.
 
-    g, u = split(h·W13ᵀ + b13)                      # W13 (2I, H): gate rows then up rows
-    a    = act(clamp(g)) · (clamp(u) + β)           # each clamp bound optional
+Dimensions:
+    N rows (the tokens this expert runs on), H hidden, I intermediate.
+
+Arguments (:func:`expert_mlp`):
+    x             (N, H) fp32, already :func:`expert_input` (its MXFP8 round trip on the MX path).
+    gate_up       projection ``x -> x·W13ᵀ + b13``, fp32 (N, 2I): gate columns then up columns.
+    down          projection ``a -> a·W2ᵀ + b2``, fp32 (N, H).
+    act           :class:`ExpertActivation`: kind, α, up bias β, gate/up clamps (either bound optional).
+    mx_act_quant  quantise the intermediate ``a`` to MXFP8 before down (the MX path).
+
+Returns:
+    fp32 (N, H), the expert output before any affinity or routed scaling.
+
+Pseudocode, per expert::
+
+    g, u = split(x·W13ᵀ + b13)                      # W13 (2I, H): gate rows then up rows
+    a    = act(clamp(g)) · (clamp(u) + β)           # each clamp bound optional; after the bias
+    a    = mxfp8_roundtrip(a)  if mx_act_quant      # online quantisation of the intermediate
     y    = a·W2ᵀ + b2                                # W2 (H, I)
 
 ``act``: ``silu`` g·σ(g); ``swish`` and ``swigluoai`` g·σ(α·g); ``gelu`` (erf); ``gelu_tanh``.
@@ -20,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from kernelslot.formats.mx import dequantize_mx, quantize_mx
-from kernelslot.kernels.moe_block.spec import ExpertActivation
+from kernelslot.kernels.experts_spec import ExpertActivation
 
 
 def _clamp(x: torch.Tensor, bounds: tuple[Optional[float], Optional[float]]) -> torch.Tensor:

@@ -1,11 +1,32 @@
-"""Stage 1: the block's one RMSNorm, optionally after a fused residual add, with its twin.
+"""Stage 1: the block's one RMSNorm, optionally after a fused residual add, with its torch twin.
 
-Contract: ``x`` and ``residual`` ``(T, H)`` in the I/O dtype; ``gamma`` ``(H,)``.
-``s = x + residual`` is computed in fp32 and rounded to ``x.dtype`` (the value an engine
-keeps as its residual stream, written to ``out_residual`` when given); the norm is taken of that
-rounded sum, in fp32: ``h = s·rsqrt(mean(s²) + eps)·gamma``. ``h`` stays fp32 and is the one
-normed hidden reused by the router and every expert. Gemma-style ``(1 + w)`` norms pass
-``1 + w`` as ``gamma``.
+The first stage of the block (seed 003's Stage 1; seed 003 is the MoE decode megakernel source
+document the project was created from, ``../shared/seeds/003_fbad06efb3d9daf3.txt``). It
+computes the normed hidden ``h`` once; the router and every expert (routed and shared) reuse
+it, as the seed keeps its ``rmsnorm_out`` resident. The fused residual add is honoured on every
+path (the seed: MX all-expert only).
+
+Dimensions:
+    T tokens, H hidden; every tensor is row-major, one token per row.
+
+Arguments:
+    x             (T, H) I/O dtype: the layer input.
+    residual      (T, H) I/O dtype, or None: the residual stream, added before the norm.
+    gamma         (H,): the norm weight; Gemma-style ``(1 + w)`` norms pass ``1 + w``.
+    eps           float, added to the mean square.
+    out_residual  (T, H), any strides, or None (given only with ``residual``): receives
+                  ``x + residual`` rounded to ``x.dtype``, the value an engine keeps as its
+                  residual stream.
+
+Returns:
+    ``h`` fp32 (T, H); writes ``out_residual`` when given. The twin returns
+    ``(h fp32, x + residual in x.dtype or None)`` with the norm computed in fp64.
+
+Pseudocode::
+
+    s = x.float()                                        if residual is None
+    s = (x.float() + residual.float()).to(x.dtype)       otherwise  -> out_residual
+    h = s.float() · rsqrt(mean(s², over H) + eps) · gamma.float()     # fp32, of the rounded sum
 """
 from __future__ import annotations
 

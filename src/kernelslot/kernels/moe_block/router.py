@@ -1,19 +1,42 @@
-"""Stage 2: router top-K on the normed hidden (seed ``_router_topk``), with its torch twin.
+"""Stage 2: router top-K on the normed hidden (seed 003 ``_router_topk``), with its torch twin.
 
-Contract: ``h`` fp32 ``(T, H)``; ``weight`` ``(E, H)``; optional ``bias`` ``(E,)`` added to the
-logits; optional ``correction_bias`` ``(E,)`` added to the *selection* scores only (MiniMax-M3's
-``e_score_correction_bias``), never to the affinities.
+Seed 003 is the MoE decode megakernel source document the project was created from
+(``../shared/seeds/003_fbad06efb3d9daf3.txt``, a walkthrough of nkilib's ``moe_block_tkg``).
+The router reads stage 1's ``h`` and produces the logits (an optional block output), each
+token's K global expert ids and the affinities that :mod:`masking` and the leaves consume.
+It runs in fp32 on the fp32 ``h`` (the seed casts the router input to bf16).
 
-- ``logits = h·Wᵀ (+ bias)`` in fp32.
-- pre-norm: ``scores = act(logits)`` over all E; selection on ``scores (+ correction)``; the
-  affinities are the scores (dense ``[T, E]``), or, with ``norm_topk_prob``, the K chosen
-  scores divided by their sum, scattered (zero elsewhere).
-- post-norm: selection on ``logits (+ correction)``; ``act`` over the K chosen logits only
-  (softmax over K, or sigmoid elementwise), optionally renormalised, scattered.
-- Ties are broken deterministically: among equal scores the lower expert index wins.
+Dimensions:
+    T tokens, H hidden, E global experts, K top-k.
 
-Returns :class:`RouterOutput` with global expert ids ``(T, K)`` int64 ordered by descending
-selection score.
+Arguments:
+    h                (T, H) fp32, the normed hidden.
+    weight           (E, H), any float dtype (used as fp32).
+    top_k            K.   activation: ``sigmoid`` | ``softmax``.
+    pre_norm         router_pre_norm: activation over all E before top-K (True), or top-K on the
+                     raw logits and activation over the K chosen only (False).
+    norm_topk_prob   divide the K chosen affinities by their sum.
+    bias             (E,) or None, added to the logits.
+    correction_bias  (E,) or None, added to the *selection* scores only (MiniMax-M3's
+                     ``e_score_correction_bias``), never to the affinities.
+
+Returns:
+    :class:`RouterOutput`: ``logits`` (T, E) fp32 (with ``bias``, no correction bias);
+    ``expert_index`` (T, K) int64 global ids ordered by descending selection score;
+    ``affinities`` (T, E) fp32, dense (pre-norm without renorm) or the K chosen scattered into
+    zeros; ``topk_affinities`` (T, K) fp32, the chosen affinities aligned with ``expert_index``.
+
+Pseudocode::
+
+    logits = h·Wᵀ (+ bias)                                         # fp32
+    scores = act(logits) over all E   if pre_norm else logits
+    ids    = top_K(scores (+ correction_bias))     # stable sort: among equal scores the lower index wins
+    chosen = scores[ids];  if not pre_norm: chosen = act(chosen)   # softmax over K, or sigmoid
+    if norm_topk_prob: chosen = chosen / Σ_K chosen
+    affinities = scores if (pre_norm and not norm_topk_prob) else scatter(zeros(T, E), ids, chosen)
+
+The twin ranks experts by explicit counting in fp64 (rank = #strictly higher scores +
+#lower-index equal scores; chosen = rank < K, ordered by rank).
 """
 from __future__ import annotations
 

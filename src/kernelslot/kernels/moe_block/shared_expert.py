@@ -1,14 +1,40 @@
-"""The shared expert: one dense-or-quantised expert applied to every token (dead in the seed).
+"""The shared expert: one dense-or-quantised expert applied to every token (dead in seed 003).
 
-Contract: ``h`` fp32 ``(T, H)`` (the block's one normed hidden); returns fp32 ``(T, H)``
-``= [σ(h·gate)] · expert(h)``, the gate factor only when the shared expert has one. MX-format
-shared weights get the same MXFP8 activation quantisation as the routed MX path.
+Seed 003 (the MoE decode megakernel source document the project was created from,
+``../shared/seeds/003_fbad06efb3d9daf3.txt``) carries shared-expert parameters, but its Stage 3
+is ``if has_shared_expert: pass`` and asserted out; here it is wired. It runs on the block's one
+normed hidden ``h``; the orchestrator adds its output after ``routed_scaling_factor`` has been
+applied to the routed sum.
+
+Dimensions:
+    T tokens, H hidden, I the shared expert's intermediate.
+
+Arguments:
+    shared  :class:`SharedExpert`: ``weights`` (:class:`ExpertWeights` holding exactly one
+            expert, any format), ``activation``, optional ``gate`` (H,).
+    h       (T, H) fp32, the normed hidden.
+
+Returns:
+    fp32 (T, H) ``= [σ(h·gate)] · expert(h)``, the gate factor only when the shared expert has one.
+
+Pseudocode::
+
+    mx = weights.format in (mxfp4, mxfp8)
+    y  = selective_experts(weights, h, local_index = 0 for every token, coef = 1,
+                           POST_SCALE, mx_act_quant = mx)         # expert(h), fp32
+    if gate is not None:  y = y · σ(h·gate)                      # one factor per token
+
+Running on the selective leaf lets the leaf's dispatcher serve it natively when its layout is
+attached. MX-format shared weights get the same MXFP8 activation quantisation as the routed MX
+path; other formats keep fp32 activations. The twin writes the same formula with explicit
+matmuls and the formula-level activation.
 """
 from __future__ import annotations
 
 import torch
 
-from kernelslot.kernels.moe_block.config import ScalingMode, SharedExpert
+from kernelslot.kernels.experts_spec import ScalingMode
+from kernelslot.kernels.moe_block.config import SharedExpert
 from kernelslot.kernels.moe_block.expert_weights import expert_down, expert_gate_up
 from kernelslot.kernels.moe_block.leaves import selective_experts
 from kernelslot.kernels.moe_block.projections import gated_activation_reference, mxfp8_roundtrip

@@ -10,7 +10,7 @@ Public API:
 """
 from __future__ import annotations
 
-from . import _build
+from . import build
 from .layout import MAX_TOKENS, NativeExperts, native_supports, prepare_native_experts
 from .ops import (default_threads, expert_mlp_native, mxfp8_quantize_native, read_bandwidth_probe,
                   warm_thread_pool)
@@ -19,7 +19,7 @@ from .ops import (default_threads, expert_mlp_native, mxfp8_quantize_native, rea
 def native_status() -> tuple[bool, str, str]:
     """``(available, isa, reason)``: whether the native library is loaded, the instruction set
     it runs (``avx512``/``avx2``/``portable``, ``none`` if unavailable) and why."""
-    st = _build.loaded()
+    st = build.loaded()
     return st.lib is not None, st.isa, st.reason
 
 

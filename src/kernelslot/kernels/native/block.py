@@ -16,9 +16,10 @@ from typing import Any, Optional
 
 import torch
 
-from . import _build
+from . import build
 from .layout import MAX_TOKENS, NativeExperts, native_supports
-from .ops import _act_struct, default_threads
+from .ops import act_struct, default_threads
+from ..experts_spec import ScalingMode
 
 
 class KsBlock(ctypes.Structure):
@@ -60,18 +61,16 @@ def prepare_native_block(params: Any, experts: Optional[NativeExperts],
     """The native view of :class:`MoeBlockParams` ``params``, or None when a part is not covered
     (``experts`` / ``shared`` are the attached native layouts, None when absent)."""
     cfg = params.config
-    if _build.loaded().lib is None or experts is None or params.gamma.device.type != "cpu":
+    if build.loaded().lib is None or experts is None or params.gamma.device.type != "cpu":
         return None
     if not native_supports(experts, cfg.activation, 1) or params.router_weight.device.type != "cpu":
         return None
     if params.shared is not None and (shared is None or not native_supports(shared, params.shared.activation, 1)):
         return None
-    from kernelslot.kernels.moe_block.config import ScalingMode
-
     gamma, router = _f32(params.gamma), _f32(params.router_weight)
     rbias, cbias = _f32(params.router_bias), _f32(params.correction_bias)
-    act = _act_struct(cfg.activation)
-    sh_act = _act_struct(params.shared.activation) if params.shared is not None else None
+    act = act_struct(cfg.activation)
+    sh_act = act_struct(params.shared.activation) if params.shared is not None else None
     gate = _f32(params.shared.gate) if params.shared is not None else None
     st = KsBlock(experts.hidden_size, cfg.num_experts, cfg.num_local_experts, cfg.rank_id, cfg.top_k,
                  cfg.router_activation == "softmax", cfg.router_pre_norm, cfg.norm_topk_prob,
@@ -102,10 +101,10 @@ def moe_block_native(block: NativeBlock, x: torch.Tensor, residual: Optional[tor
     y = torch.empty(T, H, dtype=torch.float32)
     res_out = torch.empty(T, H, dtype=x.dtype) if residual is not None else None
     logits = torch.empty(T, block.num_experts, dtype=torch.float32) if router_logits is not None else None
-    st = _build.loaded()
+    st = build.loaded()
     rc = st.lib.ks_moe_block(ctypes.addressof(block.struct), xc.data_ptr(), _ptr(rc_res), T, x.dtype == torch.bfloat16,
                              float(eps), y.data_ptr(), _ptr(res_out), _ptr(logits), default_threads(),
-                             _build.ISA_NAMES.index(st.isa))
+                             build.ISA_NAMES.index(st.isa))
     if rc != 0:
         raise RuntimeError(f"moe_block native call failed (code {rc})")
     if out_residual is not None:

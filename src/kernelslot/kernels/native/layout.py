@@ -1,4 +1,4 @@
-"""Repacking :class:`~kernelslot.kernels.moe_block.spec.ExpertWeights` once into the tile
+"""Repacking :class:`~kernelslot.kernels.experts_spec.ExpertWeights` once into the tile
 layout the native kernels stream, and the declared capability domain.
 
 Layout (ks_native.h is the C side of this contract): contraction blocks of 32 elements;
@@ -20,9 +20,9 @@ from typing import Optional
 
 import torch
 
-from kernelslot.kernels.moe_block.spec import ACTIVATIONS, ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ACTIVATIONS, ExpertActivation, ExpertWeights
 
-from . import _build
+from . import build
 
 TILE_ROWS = 4
 KBLOCK = 32
@@ -110,7 +110,7 @@ def _repack(kind: str, data: torch.Tensor, scale: Optional[torch.Tensor], order:
     if kind in _SCALE_BYTES:
         sc = scale.contiguous().view(torch.uint8).reshape(rows, -1)
     K = src.shape[1] * 2 if kind in ("mxfp4", "nvfp4") else src.shape[1] * KBLOCK // _DATA_BYTES[kind]
-    rc = _build.loaded().lib.ks_repack_matrix(
+    rc = build.loaded().lib.ks_repack_matrix(
         FORMAT_CODES[kind], src.data_ptr(), src.shape[1], None if sc is None else sc.data_ptr(),
         0 if sc is None else sc.shape[1], rows, K, order.data_ptr(), dst.data_ptr(), dst.shape[1])
     if rc != 0:
@@ -147,8 +147,8 @@ def prepare_native_experts(weights: ExpertWeights) -> NativeExperts:
             raise ValueError(f"prepare_native_experts: format {kind!r} needs gate_up_scale and down_scale")
     if kind == "nvfp4" and (weights.gate_up_outer is None or weights.down_outer is None):
         raise ValueError("prepare_native_experts: nvfp4 needs gate_up_outer and down_outer (E,)")
-    if _build.loaded().lib is None:
-        raise RuntimeError(f"prepare_native_experts: native path unavailable: {_build.loaded().reason}")
+    if build.loaded().lib is None:
+        raise RuntimeError(f"prepare_native_experts: native path unavailable: {build.loaded().reason}")
     t = torch.arange(I // 2)
     gu_order = torch.stack((2 * t, I + 2 * t, 2 * t + 1, I + 2 * t + 1), dim=1).reshape(-1).contiguous()
     dn_order = torch.arange(H)
@@ -181,7 +181,7 @@ def native_supports(weights: ExpertWeights | NativeExperts, act: ExpertActivatio
     fp32/bf16/fp16 dense, fp8_row, mxfp8, mxfp4 or nvfp4 with H and I multiples of 32 (MXFP8
     weight scales at most 2^7); every activation kind of :class:`ExpertActivation`; and
     ``1 <= T <= 64`` tokens."""
-    if _build.loaded().lib is None or not 1 <= int(T) <= MAX_TOKENS:
+    if build.loaded().lib is None or not 1 <= int(T) <= MAX_TOKENS:
         return False
     if act.kind not in ACTIVATIONS:
         return False

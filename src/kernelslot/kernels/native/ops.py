@@ -17,9 +17,9 @@ from typing import Optional
 
 import torch
 
-from kernelslot.kernels.moe_block.spec import ExpertActivation
+from kernelslot.kernels.experts_spec import ExpertActivation
 
-from . import _build
+from . import build
 from .layout import NativeExperts
 
 _ACT_KINDS = {"silu": 0, "swish": 0, "swigluoai": 0, "gelu": 1, "gelu_tanh": 2}
@@ -35,7 +35,7 @@ class KsAct(ctypes.Structure):
                 ("up_lo", ctypes.c_float), ("up_hi", ctypes.c_float)]
 
 
-def _act_struct(act: ExpertActivation) -> KsAct:
+def act_struct(act: ExpertActivation) -> KsAct:
     (glo, ghi), (ulo, uhi) = act.gate_clamp, act.up_clamp
     alpha = 1.0 if act.kind == "silu" else act.alpha
     return KsAct(_ACT_KINDS[act.kind], alpha, act.up_bias,
@@ -52,14 +52,14 @@ def default_threads() -> int:
 
 
 def _lib_and_isa(isa: Optional[str]) -> tuple[ctypes.CDLL, int]:
-    st = _build.loaded()
+    st = build.loaded()
     if st.lib is None:
         raise RuntimeError(f"native CPU path unavailable: {st.reason}")
     name = st.isa if isa is None else isa
-    if name not in _build.ISA_NAMES or not st.lib.ks_isa_supported(_build.ISA_NAMES.index(name)):
+    if name not in build.ISA_NAMES or not st.lib.ks_isa_supported(build.ISA_NAMES.index(name)):
         raise ValueError(f"isa={name!r} is not supported here; choose from "
-                         f"{[n for n in _build.ISA_NAMES if _build.isa_supported(n)]}")
-    return st.lib, _build.ISA_NAMES.index(name)
+                         f"{[n for n in build.ISA_NAMES if build.isa_supported(n)]}")
+    return st.lib, build.ISA_NAMES.index(name)
 
 
 def _check(t: torch.Tensor, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
@@ -103,7 +103,7 @@ def expert_mlp_native(h: torch.Tensor, topk_ids: torch.Tensor, topk_weights: tor
     nth = default_threads() if num_threads is None else int(num_threads)
     if nth < 1:
         raise ValueError(f"expert_mlp_native: num_threads must be >= 1, got {nth}")
-    a = _act_struct(act)
+    a = act_struct(act)
     rc = lib.ks_moe_experts(ctypes.addressof(experts.struct), ctypes.addressof(a), h.data_ptr(), T,
                             ids.data_ptr(), wts.data_ptr(), K, int(bool(post_scale)),
                             int(bool(quantize_activations)), out.data_ptr(), nth, isa_code)

@@ -1,0 +1,328 @@
+"""Child side of :class:`~kernelslot.isolation.worker.WorkerRunner`: the only processes that run candidate code.
+
+The referee starts a *zygote* inside the sandbox (:mod:`kernelslot.isolation.sandbox`) as
+``python -`` with a bootstrap on stdin that calls :func:`zygote`, so nothing in its command
+line, ``__main__``, working directory (the private scratch) or environment names the referee.
+The zygote confines itself (:func:`~kernelslot.isolation.sandbox.confine`), imports torch and
+kernelslot, then only forks workers on request (no candidate code, no torch op, no thread ever
+runs in it), so a fresh worker costs a fork, not an interpreter start. On its SOCK_SEQPACKET
+socket the referee sends JSON requests: ``fork`` (the worker's socket and log file passed as
+fds) answers ``{"pid"}`` (the pid inside the sandbox's PID namespace); ``wait`` answers the
+worker's exit status (``{"code": n}``, negative = killed by signal ``-n``; ``None`` while it
+still runs). The zygote is a child subreaper, so orphans of candidate processes stay in its
+tree, where the referee finds them.
+
+:func:`serve` runs in each worker: it moves into its own session, sends stdout/stderr to the
+log, sets its resource limits (CPU time, file size, no core dumps; resident memory and process
+count are enforced by the referee from outside), and answers requests on its socket: ``load``
+imports the candidate, ``prepare``/``call`` run it. CPU tensors arrive as file descriptors
+(``register`` entries of kind ``fd``, the descriptors sent right after the message). The
+referee sends pickled requests (the worker trusts the referee); the worker answers in JSON
+only, so nothing a candidate writes on the socket can run code in the referee.
+"""
+from __future__ import annotations
+
+import time
+
+
+def _call_entry(entry, args, _clock=time.perf_counter_ns):  # noqa: ANN001 - internal
+    """Run ``entry(*args)``; return (result, traceback text or None, elapsed ns)."""
+    start = _clock()
+    try:
+        result, err = entry(*args), None
+    except BaseException:  # noqa: BLE001 - SystemExit from candidate code is contained too
+        import traceback
+
+        result, err = None, traceback.format_exc(limit=8)
+    return result, err, _clock() - start
+
+
+import contextlib  # noqa: E402
+import faulthandler  # noqa: E402 - the clock above is bound first on purpose
+import json  # noqa: E402
+import os  # noqa: E402
+import pickle  # noqa: E402
+import resource  # noqa: E402
+import socket  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+import types  # noqa: E402
+from multiprocessing.connection import Connection  # noqa: E402
+from typing import Any  # noqa: E402
+
+import torch  # noqa: E402
+
+from kernelslot.isolation import numeric_state  # noqa: E402
+from kernelslot.isolation.observe import argument_meta, identity, short_repr  # noqa: E402
+from kernelslot.isolation.scratch import poisoned_scratch  # noqa: E402
+
+_MEMORY_MARKERS = ("MemoryError", "not enough memory", "can't allocate memory", "std::bad_alloc", "out of memory")
+
+
+def memory_error_text(text: str) -> bool:
+    """True when a traceback says an allocation failed (the worker's memory cap or the device's)."""
+    return any(m in text for m in _MEMORY_MARKERS)
+
+
+class _ArgUnpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, worker: "_Worker"):
+        import io
+
+        super().__init__(io.BytesIO(data))
+        self.worker = worker
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid[0] == "t":
+            _, key, offset, shape, stride, dtype = pid
+            storage = self.worker.storages[key]
+            view = torch.empty(0, dtype=getattr(torch, dtype), device=storage.device)
+            return view.set_(storage, offset, shape, stride)
+        if pid[0] == "p":
+            if pid[1] not in self.worker.prepared:
+                raise KeyError(f"prepared handle {pid[1]} is unknown to this worker (restarted since prepare?)")
+            return self.worker.prepared[pid[1]]
+        raise pickle.UnpicklingError(f"unknown persistent id {pid[0]!r}")
+
+
+class _Worker:
+    def __init__(self, fd_sock: socket.socket | None = None) -> None:
+        self.fd_sock = fd_sock  # where descriptors of ``fd`` storages arrive
+        self.storages: dict[int, torch.UntypedStorage] = {}
+        self.prepared: dict[int, Any] = {}
+        self.kernels: dict[Any, tuple[Any, Any]] = {}  # KernelSource -> (entry, prepare)
+        self.state_changed: list[str] = []  # numeric state changed since the last prepare/call reply
+        self.state_unrestored: list[str] = []
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def register(self, entries: list) -> None:
+        wanted = sum(e[0] == "fd" for e in entries)
+        fds: list[int] = []
+        if wanted:
+            _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, wanted)
+            if len(fds) != wanted:
+                raise RuntimeError(f"expected {wanted} storage descriptors, received {len(fds)}")
+        for entry in entries:
+            kind, key = entry[0], entry[1]
+            if kind == "fd":
+                fd = fds.pop(0)
+                try:
+                    self.storages[key] = torch.UntypedStorage._new_shared_fd_cpu(fd, entry[2])
+                finally:
+                    os.close(fd)  # torch keeps its own duplicate
+            elif kind == "cuda":
+                _, _, rebuild, rebuild_args = entry
+                self.storages[key] = rebuild(*rebuild_args).untyped_storage()
+            elif kind == "empty":
+                self.storages[key] = torch.UntypedStorage(0, device=entry[2])
+            else:
+                raise ValueError(f"unknown storage kind {kind!r}")
+
+    def release(self, storages: list, prepared: list) -> None:
+        for key in storages:
+            self.storages.pop(key, None)
+        for key in prepared:
+            self.prepared.pop(key, None)
+
+    def load(self, source: Any) -> tuple[Any, Any]:
+        """The candidate's callables, loaded here exactly as the bundle loader would (once per source)."""
+        if source not in self.kernels:
+            from kernelslot.bundle.loader import resolve_callables
+
+            self.kernels[source] = resolve_callables(source)
+        return self.kernels[source]
+
+    def locate(self, storage_ptr: int) -> int | None:
+        for key, s in self.storages.items():
+            if s.data_ptr() == storage_ptr:
+                return key
+        return None
+
+    # -- requests ----------------------------------------------------------------------------
+    def handle(self, msg: dict) -> dict:
+        """One request, between a snapshot of the process-wide numeric state and a comparison: what
+        candidate code changed (import included) is put back and reported with the next prepare or
+        call reply (``global_state``; ``global_state_unrestored`` when something could not be put back)."""
+        with numeric_state.Guard() as guard:
+            reply = self._handle(msg)
+        self.state_changed += guard.changed
+        self.state_unrestored += guard.unrestored
+        if msg["op"] != "load" and self.state_changed:
+            reply.update(global_state=self.state_changed, global_state_unrestored=self.state_unrestored)
+            self.state_changed, self.state_unrestored = [], []
+        return reply
+
+    def _handle(self, msg: dict) -> dict:
+        self.release(msg.get("release", []), msg.get("release_prepared", []))
+        try:
+            self.register(msg.get("register", []))
+            entry, prepare = self.load(msg["kernel"])
+            if msg["op"] == "load":
+                return {}
+            args = _ArgUnpickler(msg["args"], self).load()
+        except BaseException:  # noqa: BLE001 - import-time failures of candidate code are reported
+            text = traceback.format_exc(limit=8)
+            return {"error": text, "cause": "out_of_memory" if memory_error_text(text) else "load_failed"}
+        if msg["op"] == "prepare":
+            return self.prepare(prepare, args, msg["handle"])
+        if msg.get("private"):
+            return self.call_private(entry, args, msg["check"], bool(msg.get("scratch")))
+        return self.call(entry, args, msg["check"], bool(msg.get("scratch")))
+
+    def prepare(self, prepare: Any, args: tuple, handle: int) -> dict:
+        if prepare is None:
+            return {"error": "the slot needs prepare() but the kernel has none", "cause": "load_failed"}
+        result, err, elapsed = _call_entry(prepare, args)
+        if err is not None:
+            return {"error": err, "cause": "out_of_memory" if memory_error_text(err) else "exception"}
+        self.prepared[handle] = result
+        return {"worker_ns": elapsed}
+
+    def call_private(self, entry: Any, args: list, check: bool, scratch: bool = False) -> dict:
+        """:meth:`call` on private (non-shared) copies of every shared tensor argument, each with the
+        same storage size, offset and strides; the bytes are copied back into the shared storages after."""
+        pairs = []  # (shared storage, private storage)
+        private = list(args)
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.untyped_storage().is_shared():
+                mine = torch.UntypedStorage(a.untyped_storage().nbytes(), device=a.device)
+                mine.copy_(a.untyped_storage())
+                pairs.append((a.untyped_storage(), mine))
+                private[i] = torch.empty(0, dtype=a.dtype, device=a.device).set_(mine, a.storage_offset(), a.shape, a.stride())
+        reply = self.call(entry, private, check, scratch)
+        for shared, mine in pairs:
+            shared.copy_(mine)
+        return reply
+
+    def call(self, entry: Any, args: list, check: bool, scratch: bool = False) -> dict:
+        """``entry(*args)``; ``scratch``: poison the allocators' freed memory right before (isolation/scratch.py)."""
+        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        before = {i: identity(t) for i, t in tensors}
+        uses = {i: torch._C._storage_Use_Count(t.untyped_storage()._cdata) for i, t in tensors} if check else {}
+        with poisoned_scratch() if scratch else contextlib.nullcontext():
+            result, err, elapsed = _call_entry(entry, args)
+        reply: dict[str, Any] = {"worker_ns": elapsed, "returned": None if result is None else short_repr(result)}
+        if hasattr(entry, "take_evidence"):  # a sealed direct artifact's launcher (bundle/direct/launcher.py)
+            reply["aot_evidence"] = entry.take_evidence()
+        del result
+        if err is not None:
+            reply.update(error=err, cause="out_of_memory" if memory_error_text(err) else "exception")
+        if any(t.is_cuda for _, t in tensors):
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001 - an asynchronous device fault surfaces here
+                text = traceback.format_exc(limit=4)
+                reply.update(error=text, cause="out_of_memory" if memory_error_text(text) else "exception")
+        reply["meta"] = argument_meta(len(args), tensors, before, self.locate, self.storages)
+        if check:
+            retained = [i for i, t in tensors if torch._C._storage_Use_Count(t.untyped_storage()._cdata) > uses[i]]
+            if retained:
+                import gc
+
+                gc.collect()
+                retained = [i for i, t in tensors if torch._C._storage_Use_Count(t.untyped_storage()._cdata) > uses[i]]
+            reply["retained"] = retained
+        return reply
+
+
+def _set_limits(limits: dict) -> None:
+    """CPU seconds and file size (``RLIMIT_CPU``, ``RLIMIT_FSIZE``; 0 = unlimited); no core dumps."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for name, rlimit in (("cpu_s", resource.RLIMIT_CPU), ("file_bytes", resource.RLIMIT_FSIZE)):
+        value = int(limits.get(name) or 0)
+        if value > 0:
+            resource.setrlimit(rlimit, (value, value))
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def serve(sock: socket.socket, limits: dict, log_fd: int) -> None:
+    """A worker's main loop (runs in the forked child); returns when the referee hangs up."""
+    os.setsid()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    faulthandler.enable()
+    _die_with_parent()
+    _set_limits(limits)
+    worker = _Worker(socket.socket(fileno=os.dup(sock.fileno())))
+    conn = Connection(sock.detach())
+    conn.send_bytes(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        reply = worker.handle(pickle.loads(data))
+        conn.send_bytes(json.dumps(reply).encode())
+
+
+def zygote(fd: int, mode: str, scratch: str, visible: list[str]) -> None:
+    """Fork workers for the referee until it hangs up (see the module docstring)."""
+    from kernelslot.isolation.sandbox import confine
+
+    confine(mode, scratch, visible)
+    _die_with_parent()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of candidate processes stay ours
+        libc.prctl(4, 0)  # PR_SET_DUMPABLE 0: no process of the sandbox can open another's /proc/PID/mem
+    except (OSError, AttributeError):
+        pass
+    sys.modules["__main__"] = types.ModuleType("__main__")  # the bootstrap names the referee; candidates see none of it
+    sock = socket.socket(fileno=fd)
+    sock.send(json.dumps({"ready": os.getpid()}).encode())
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 2)
+        except OSError:
+            return
+        if not data:
+            return
+        req = json.loads(data)
+        if req["op"] == "fork":
+            pid = os.fork()
+            if pid == 0:
+                sock.close()
+                code = 0
+                try:
+                    serve(socket.socket(fileno=fds[0]), dict(req["limits"]), fds[1])
+                except BaseException:  # noqa: BLE001 - reported through the exit code and the log
+                    traceback.print_exc()
+                    code = 1
+                os._exit(code)
+            for f in fds:
+                os.close(f)
+            sock.send(json.dumps({"pid": pid}).encode())
+        elif req["op"] == "wait":
+            sock.send(json.dumps({"code": _wait(int(req["pid"]), float(req["timeout"]))}).encode())
+
+
+def _wait(pid: int, timeout: float) -> int | None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
+
+
+def bootstrap(fd: int, mode: str, scratch: str, visible: list[str]) -> str:
+    """The program the referee writes to a zygote's stdin (``python -``)."""
+    path = [p for p in sys.path if p]
+    return (f"import sys\nsys.path[:0] = {path!r}\n"
+            f"from kernelslot.isolation.child import zygote\nzygote({fd}, {mode!r}, {scratch!r}, {visible!r})\n")

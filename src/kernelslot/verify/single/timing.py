@@ -1,0 +1,134 @@
+"""Timing methodology: candidate and incumbent interleaved (ABAB) on the same fresh inputs.
+
+The call plan (``verify/plan.py``) draws the warm-up and repetition counts per profile. Call ``i``
+of the sequence is a pair: the candidate's call (the pipeline refills the inputs, poisons the
+outputs and checks the result, all outside the timed window), then the incumbent's call on the
+same inputs. Both go through the same kind of runner (``runner.incumbent_runner()``: in-process,
+or a worker of its own), so the runner's overhead cancels in the ratio. The first ``warmup`` pairs
+are discarded.
+
+**Repetitions come from the incumbent's time, never the candidate's**: the plan fixes the least
+number of timed pairs; where the incumbent's warm-up calls are so fast that they would fill less
+than :data:`TARGET_TIMED_S`, up to as many again are added (the plan draws their poisons and
+positions in advance). Nothing the candidate does changes how often it is called.
+
+**The physics floor** (``verify/single/roofline.py``): every timed candidate call is held to the least time
+its traffic allows on this machine. A call measured below its floor is impossible: ``impossible``
+is set, ``speedup`` is left out, and the caller fails ``time_impossible``. Before that verdict the
+floor is recomputed with fresh probes (only the best machine figures count), so load on the machine
+while the probes first ran cannot make an honest kernel impossible.
+
+Reported (seconds) per side: ``*_s`` (median), ``*_min_s`` / ``*_max_s``, ``*_q1_s`` / ``*_q3_s``
+(the interquartile range), ``*_spread`` ((max - min) / median), ``*_worker_s`` (median in-worker time of the entry alone, where the
+runner measures one) and ``*_roundtrip_s`` (median of referee time minus in-worker time: the
+runner's own cost); then ``speedup`` (incumbent median / candidate median) and ``noise`` (1.0 when
+the two interquartile ranges overlap: the ratio is not distinguishable from noise); then the floor
+of the call closest to it (``floor_s``, ``floor_bytes``, ``floor_flops``, the ceilings used
+``floor_gbs`` / ``floor_tflops``, and ``floor_margin``: the smallest measured time / floor ratio).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Callable
+
+from kernelslot.verify.single.roofline import Floor
+from kernelslot.verify.plan import TimingPlan
+from kernelslot.isolation.runner import CallObservation, RunnerError
+
+
+def summarize(prefix: str, observations: list[CallObservation]) -> dict[str, float]:
+    """Median, range, quartiles and (where measured) in-worker time and round trip of ``observations``."""
+    times = sorted(o.elapsed_s for o in observations)
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else (times[0],) * 3
+    med = statistics.median(times)
+    out = {f"{prefix}_s": med, f"{prefix}_min_s": times[0], f"{prefix}_max_s": times[-1],
+           f"{prefix}_q1_s": q1, f"{prefix}_q3_s": q3, f"{prefix}_spread": (times[-1] - times[0]) / med if med > 0 else 0.0}
+    if all(o.worker_s is not None for o in observations):
+        out[f"{prefix}_worker_s"] = statistics.median(o.worker_s for o in observations)  # type: ignore[misc]
+        out[f"{prefix}_roundtrip_s"] = statistics.median(o.elapsed_s - o.worker_s for o in observations)  # type: ignore[operator]
+    return out
+
+
+TARGET_TIMED_S = 0.02  # the incumbent's timed calls should add up to at least this (seconds)
+
+
+def timed_reps(plan: TimingPlan, incumbent_warmup: list[CallObservation]) -> int:
+    """How many timed pairs to make: the plan's, plus up to as many again when the incumbent's
+    warm-up calls show that they would fill less than :data:`TARGET_TIMED_S`."""
+    capacity = len(plan.poisons) - plan.warmup
+    if not incumbent_warmup:
+        return plan.reps
+    per_call = statistics.median(o.elapsed_s for o in incumbent_warmup)
+    wanted = math.ceil(TARGET_TIMED_S / per_call) if per_call > 0 else capacity
+    return max(plan.reps, min(capacity, 2 * plan.reps, wanted))
+
+
+def time_interleaved(plan: TimingPlan, candidate: Callable[[int], CallObservation | None],
+                     incumbent: Callable[[int], CallObservation] | None,
+                     floor: Callable[[int, bool], Floor] | None = None) -> dict[str, float]:
+    """Run the plan's pairs; ``candidate(i)`` makes and checks call ``i`` (None: it failed a check,
+    which the caller recorded: timing stops), ``incumbent(i)`` times the incumbent on the same inputs;
+    ``floor(i, fresh)`` is candidate call ``i``'s physics floor (``fresh``: probe the machine again)."""
+    cand: list[tuple[int, CallObservation]] = []
+    inc: list[CallObservation] = []
+    warm: list[CallObservation] = []
+    i, reps = 0, plan.reps
+    while i < plan.warmup + reps:
+        obs = candidate(i)
+        if obs is None:
+            return {}
+        other = incumbent(i) if incumbent is not None else None
+        if other is not None and other.error:
+            raise RunnerError(f"the incumbent failed while being timed: {other.error.strip().splitlines()[-1]}")
+        if i >= plan.warmup:
+            cand.append((i, obs))
+            if other is not None:
+                inc.append(other)
+        elif other is not None:
+            warm.append(other)
+        i += 1
+        if i == plan.warmup:
+            reps = timed_reps(plan, warm)
+    timing = summarize("candidate", [o for _, o in cand])
+    if inc:
+        timing.update(summarize("incumbent", inc))
+        timing["speedup"] = timing["incumbent_s"] / timing["candidate_s"] if timing["candidate_s"] else 0.0
+        overlap = timing["candidate_q1_s"] <= timing["incumbent_q3_s"] and timing["incumbent_q1_s"] <= timing["candidate_q3_s"]
+        timing["noise"] = 1.0 if overlap else 0.0
+    if floor is not None:
+        timing.update(judge_floor(cand, floor))
+        if timing.get("impossible"):
+            timing.pop("speedup", None)
+    return timing
+
+
+def judge_floor(calls: list[tuple[int, CallObservation]], floor: Callable[[int, bool], Floor]) -> dict[str, float]:
+    """The floor figures of the timed call nearest its floor; ``impossible`` when one is below it
+    even after the machine was probed again."""
+    def ratio(elapsed: float, f: Floor) -> float:
+        return elapsed / f.seconds if f.seconds > 0 else math.inf if elapsed > 0 else 0.0
+
+    refreshed: set[int] = set()
+    while True:
+        margin, i, f = min(((ratio(o.elapsed_s, f), i, f) for i, o in calls for f in (floor(i, False),)),
+                           key=lambda m: m[0])
+        if margin >= 1.0 or i in refreshed:
+            break
+        floor(i, True)  # probe the machine again before calling anything impossible
+        refreshed.add(i)
+    finite = lambda v: v if math.isfinite(v) else 0.0  # noqa: E731 - JSON has no infinity (0: not bounded)
+    out = {"floor_s": f.seconds, "floor_bytes": float(f.bytes), "floor_flops": float(f.flops),
+           "floor_gbs": finite(f.bandwidth / 1e9), "floor_tflops": finite(f.flops_rate / 1e12), "floor_margin": finite(margin)}
+    if margin < 1.0:
+        out["impossible"] = 1.0
+    return out
+
+
+def impossible_message(timing: dict[str, float]) -> str:
+    """Why ``timing`` (with ``impossible`` set) cannot be right, with its numbers."""
+    t = timing
+    flops = f", {t['floor_flops']:.0f} flop at most {t['floor_tflops']:.4g} Tflop/s" if t["floor_flops"] else ""
+    return (f"a timed call took {t['floor_margin'] * t['floor_s'] * 1e6:.3g} us, below its physics floor of "
+            f"{t['floor_s'] * 1e6:.3g} us ({t['floor_bytes']:.0f} B at most {t['floor_gbs']:.4g} GB/s{flops}): "
+            "its clock was misled or its work ran outside the timed window")
