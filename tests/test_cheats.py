@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,14 +13,16 @@ import tests.cheats as cheats_pkg
 from kernelslot.abi import CapabilityDomain
 from kernelslot.slots import Candidate, Kernel, get_slot
 from kernelslot.verify import VerifyOptions, verify_slot
+from tests.helpers import declared
 
 # Cheats that need processes of their own (collective ranks, isolation) set SKIP_GENERIC or use
 # EXPECT instead of CATCHES; tests/verify/test_collective.py and test_worker.py run those.
+# SKIP_GENERIC is read from the source, before any import: some of those act at import (set FTZ, patch the referee).
 CHEATS = sorted(
     m.name for m in pkgutil.iter_modules(cheats_pkg.__path__)
     if not m.name.startswith(("isolation_", "sandbox_"))  # they act at import: only ever loaded inside a worker
-    and hasattr(mod := importlib.import_module(f"tests.cheats.{m.name}"), "CATCHES")
-    and not getattr(mod, "SKIP_GENERIC", False)
+    and not declared(Path(cheats_pkg.__path__[0]) / f"{m.name}.py").get("SKIP_GENERIC", False)
+    and hasattr(importlib.import_module(f"tests.cheats.{m.name}"), "CATCHES")
 )
 OPTS = VerifyOptions(dtypes=(torch.float32, torch.bfloat16), draws=0)  # the fixed catalog; drawn profiles: tests/slots/test_structural.py
 
