@@ -25,6 +25,7 @@ class VerifyOptions:
     seeds: tuple[int, ...] = (0,)
     replays: int = 3  # base replays after the first call (at least two), cycling tail, head, row-or-cells refills
     extra_mean: float = 0.25  # mean of the geometric number of extra replays per profile (verify/plan.py)
+    long_run: tuple[int, int] | None = None  # one run per slot gets log-uniform [lo, hi] more replays (plan.py; bundles)
     plan_seed: int | None = None  # seeds the call plan (tests); None: drawn from the OS's secret RNG
     envelope: bool = False  # run boundary profiles of each variant's domain and record the verified envelope
     envelope_max_bytes: int = 256 << 20  # a boundary profile whose tensors would exceed this is clipped

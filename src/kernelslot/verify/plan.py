@@ -33,6 +33,16 @@ and timed call is refilled, poisoned and checked outside the timed window like a
 Profiles and replays are interleaved: :meth:`Planner.pick` chooses which live profile run makes
 its next call, uniformly at random, so the calls of one signature are spread among others.
 
+The long run (issue 26; ``long_run=(low, high)``, on for bundles: :data:`BUNDLE_LONG_RUN`): per slot
+verification, :meth:`Planner.lengthen_one` gives one profile run, drawn uniformly among those the
+candidate's domain admits, ``L`` more extra replays, ``L`` log-uniform in ``[low, high]``
+(:func:`log_uniform`: ``P(L >= k) = ln((high+1)/k) / ln((high+1)/low)``, every doubling of ``k``
+about equally likely up to the cap). Its replays are drawn like the other extra replays and its plain
+call and state steps are placed again among all of them, so it is a plan with more extra replays,
+nothing else: no call of it is marked, and its calls interleave with the others' as every run's do.
+A kernel honest for its first ``N`` calls of a signature is caught whenever that run makes more than
+``N`` calls, i.e. surely for ``N < 5 + S + low`` and with probability ``P(X + L >= N - 4 - S)`` beyond.
+
 State steps (issue 18; :meth:`Planner.plan` adds them only when asked, so the collective referee,
 which does not consume them yet, gets none), each at a random position among the replays:
 
@@ -60,9 +70,10 @@ rank changes the same positions of its own inputs.
 """
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -72,8 +83,11 @@ REFILLS = ("full", "tail", "head", "row", "cells")
 POISONS = ("nan", "sentinel")  # padded outputs; plain outputs get "random"
 PLAIN_DRAW = 500  # fresh-values draw id of the plain call (kept clear of replay draw ids)
 STEP_DRAW = 600  # draw ids of the state steps (reprepare, repeat, relation) start here
+STATE_STEPS = ("reprepare", "repeat", "relation")
 SCRATCH_P = 0.5  # the probability that an extra replay also runs on poisoned scratch (where a repeat is planned)
 TIMED_DRAW = 10_000  # draw ids of warm-up and timed calls start here
+LONG_DRAW = 2000  # draw ids of the long run's replays start here (clear of the plain call's and the steps')
+BUNDLE_LONG_RUN = (16, 256)  # the long run's length range for untrusted bundles (cli.py, engines/qualify.py)
 
 
 @dataclass(frozen=True)
@@ -140,13 +154,22 @@ def geometric(rng: random.Random, mean: float) -> int:
     return k
 
 
+def log_uniform(rng: random.Random, low: int, high: int) -> int:
+    """An integer in ``[low, high]`` with ``P(X >= k) = ln((high + 1) / k) / ln((high + 1) / low)`` for
+    ``low <= k <= high + 1`` (``floor(low · ((high + 1) / low)^U)``, U uniform in [0, 1))."""
+    return min(high, int(low * math.exp(rng.random() * math.log((high + 1) / low))))
+
+
 class Planner:
     """Draws call plans. ``replays``: base replays (>= 2); ``extra_mean``: mean of the geometric
-    number of extra replays; ``time_reps``: the least number of timed repetitions (None: no timing)."""
+    number of extra replays; ``time_reps``: the least number of timed repetitions (None: no timing);
+    ``long_run``: ``(low, high)`` of the long run's extra replays (:meth:`lengthen_one`; None: none)."""
 
     def __init__(self, replays: int = 3, extra_mean: float = 0.25, time_reps: int | None = None,
-                 plan_seed: int | None = None):
-        self.replays, self.extra_mean, self.time_reps = replays, extra_mean, time_reps
+                 plan_seed: int | None = None, long_run: tuple[int, int] | None = None):
+        if long_run is not None and not 1 <= long_run[0] <= long_run[1] <= TIMED_DRAW - LONG_DRAW:
+            raise ValueError(f"long_run must be (low, high) with 1 <= low <= high <= {TIMED_DRAW - LONG_DRAW}, got {long_run}")
+        self.replays, self.extra_mean, self.time_reps, self.long_run = replays, extra_mean, time_reps, long_run
         self.rng: random.Random = random.Random(plan_seed) if plan_seed is not None else random.SystemRandom()
 
     def plan(self, reprepare: bool = False, repeat: bool = False, relations: int = 0) -> CallPlan:
@@ -177,6 +200,32 @@ class Planner:
                                 tuple(rng.getrandbits(63) for _ in range(n)))
         return CallPlan((PlannedCall(0, "first", "nan"), *replays), timing)
 
+    def lengthen_one(self, plans: Sequence[CallPlan], admitted: Callable[[int], bool]) -> tuple[int, CallPlan] | None:
+        """With ``long_run``: the index of one of ``plans``, drawn uniformly among those ``admitted(index)``
+        accepts (asked in a random order, only until one does), and that plan with
+        :func:`log_uniform` ``(*long_run)`` more extra replays (:meth:`lengthened`); else None."""
+        if self.long_run is None:
+            return None
+        order = list(range(len(plans)))
+        self.rng.shuffle(order)
+        chosen = next((i for i in order if admitted(i)), None)
+        return None if chosen is None else (chosen, self.lengthened(plans[chosen], log_uniform(self.rng, *self.long_run)))
+
+    def lengthened(self, plan: CallPlan, more: int) -> CallPlan:
+        """``plan`` with ``more`` extra replays, drawn as :meth:`plan` draws them (draw ids from
+        :data:`LONG_DRAW`), and its plain call and state steps placed again among all the replays as
+        :meth:`plan` places them: the distribution of a plan with that many more extra replays."""
+        rng = self.rng
+        first, rest = plan.calls[0], plan.calls[1:]
+        markers = sorted((c for c in rest if c.plain or c.refill in STATE_STEPS), key=lambda c: (not c.plain, c.draw))
+        replays = [c for c in rest if not (c.plain or c.refill in STATE_STEPS)]
+        scratch = any(c.refill == "repeat" for c in markers)
+        replays += [PlannedCall(LONG_DRAW + i, rng.choice(REFILLS), rng.choice(POISONS), private=rng.random() < 0.5,
+                                pick=rng.getrandbits(63), scratch=scratch and rng.random() < SCRATCH_P) for i in range(more)]
+        for call in markers:
+            replays.insert(rng.randint(1, len(replays)) if call.plain else rng.randint(0, len(replays)), call)
+        return replace(plan, calls=(first, *replays))
+
     def pick(self, alive: Sequence[int]) -> int:
         """Which of the ``alive`` profile runs makes the next call (uniformly at random)."""
         return alive[self.rng.randrange(len(alive))]
@@ -184,7 +233,8 @@ class Planner:
 
 def planner_for(opts: Any) -> Planner:
     """The call planner a :class:`~kernelslot.verify.options.VerifyOptions` asks for (one per slot verification)."""
-    return Planner(opts.replays, opts.extra_mean, opts.time_reps if opts.time else None, opts.plan_seed)
+    return Planner(opts.replays, opts.extra_mean, opts.time_reps if opts.time else None, opts.plan_seed,
+                   opts.long_run)
 
 
 def needs_fresh(kind: str) -> bool:
