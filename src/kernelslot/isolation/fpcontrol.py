@@ -60,7 +60,7 @@ from typing import Mapping
 __all__ = ["ThreadFp", "FpControl", "observe", "diff", "describe_control", "DEFAULT_CONTROL"]
 
 ARCH = platform.machine()
-DEFAULT_CONTROL = {"x86_64": (0x033F, 0x1F80), "aarch64": (0x0,)}  # a fresh process's control bits (x87 CW 0x037f, MXCSR 0x1f80)
+DEFAULT_CONTROL = {"x86_64": (0x033F, 0x1F80), "aarch64": (0x0,)}  # a fresh process's control bits (x87 CW 0x037f)
 
 _PTRACE_DETACH, _PTRACE_GETREGSET, _PTRACE_SEIZE, _PTRACE_INTERRUPT = 17, 0x4204, 0x4206, 0x4207
 _PTRACE_EVENT_STOP = 128
@@ -98,7 +98,7 @@ def _fields(arch: str, control: tuple[int, ...]) -> dict[str, str]:
         return {"flush-to-zero": on(mxcsr, 15), "denormals-are-zero": on(mxcsr, 6),
                 "rounding": ("to nearest", "down", "up", "toward zero")[mxcsr >> 13 & 3],
                 "unmasked exceptions": ", ".join(unmasked) or "none",
-                "x87 precision": {0: "24-bit (single)", 1: "reserved", 2: "53-bit (double)", 3: "64-bit (extended)"}[x87 >> 8 & 3],
+                "x87 precision": ("24-bit (single)", "reserved", "53-bit (double)", "64-bit (extended)")[x87 >> 8 & 3],
                 "x87 rounding": ("to nearest", "down", "up", "toward zero")[x87 >> 10 & 3],
                 "x87 unmasked exceptions": ", ".join(x87_unmasked) or "none"}
     fpcr = control[0]
