@@ -22,7 +22,7 @@ import torch
 from kernelslot.isolation.fpcontrol import observe
 from kernelslot.slots import Kernel
 from kernelslot.slots.base import KernelSource
-from kernelslot.verify.worker import WorkerRunner
+from kernelslot.isolation.worker import WorkerRunner
 
 THREADS = int(sys.argv[1]) if len(sys.argv) > 1 else 8
 READS, ROUNDS = 100, 5

@@ -258,9 +258,11 @@ def test_refusals_say_why():
 
 
 _NOBODY = r"""
-import importlib, json, subprocess, sys
-sys.path.insert(0, sys.argv[1])
-fpcontrol = importlib.import_module("kernelslot.isolation.fpcontrol")
+import importlib.util, json, subprocess, sys
+spec = importlib.util.spec_from_file_location("fpcontrol", sys.argv[1])  # the file alone: kernelslot.isolation imports torch
+fpcontrol = importlib.util.module_from_spec(spec)
+sys.modules["fpcontrol"] = fpcontrol
+spec.loader.exec_module(fpcontrol)
 out = {}
 for dumpable in (1, 0):
     p = subprocess.Popen([sys.executable, "-c", "import ctypes, sys; ctypes.CDLL(None).prctl(4, int(sys.argv[1])); "
@@ -279,7 +281,8 @@ print(json.dumps(out))
 def test_an_unprivileged_observer_is_told_why_a_non_dumpable_process_is_refused():
     """As sandbox mode none is for an unprivileged referee: its workers are non-dumpable and in no user
     namespace of its own, so ptrace needs CAP_SYS_PTRACE. A dumpable process of the same user is read."""
-    done = subprocess.run(["/usr/bin/python3", "-c", _NOBODY, str(REPO / "src")], capture_output=True, text=True,
+    module = REPO / "src" / "kernelslot" / "isolation" / "fpcontrol.py"
+    done = subprocess.run(["/usr/bin/python3", "-c", _NOBODY, str(module)], capture_output=True, text=True,
                           user=65534, group=65534, extra_groups=[], cwd="/", timeout=30)
     errors = json.loads(done.stdout or "{}") if done.returncode == 0 else pytest.fail(done.stderr)
     assert errors["1"] is None
@@ -311,11 +314,11 @@ def test_fpcr_flush_to_zero_is_seen_on_aarch64():
 _SANDBOXED = r"""
 import ctypes, json, os, sys, threading
 sys.path[:0] = json.loads(sys.argv[3])
-from kernelslot.verify.sandbox import confine
+from kernelslot.isolation.sandbox import confine
 confine(sys.argv[1], sys.argv[2])
 ctypes.CDLL(None).prctl(4, 0)
 import torch
-from kernelslot.verify import numeric_state
+from kernelslot.isolation import numeric_state
 clean = numeric_state.snapshot()
 numeric_state.snapshot = lambda: dict(clean)
 tids, ready, flip, flipped, end = {}, threading.Barrier(8), threading.Event(), threading.Event(), threading.Event()
@@ -344,7 +347,7 @@ end.set()
 @X86
 @pytest.mark.parametrize("mode", ["bwrap", "unshare", "none"])
 def test_a_sandboxed_process_hiding_flush_to_zero_from_its_snapshot_is_seen(mode):
-    from kernelslot.verify import proctree, sandbox
+    from kernelslot.isolation import proctree, sandbox
 
     try:
         box = sandbox.select(mode)
@@ -382,7 +385,7 @@ def test_a_worker_running_the_cheat_is_silent_inside_and_seen_outside():
     observer sees flush-to-zero on the worker's main thread; the incumbent's worker reads clean."""
     from kernelslot.slots import Kernel, get_slot
     from kernelslot.slots.base import KernelSource
-    from kernelslot.verify.worker import make_runner
+    from kernelslot.isolation import make_runner
 
     source = KernelSource(entry="entry", file=str(REPO / "tests" / "cheats" / "global_state_ftz_patches_snapshot.py"))
     cheat = Kernel(None, None, name="cheat", source=source)

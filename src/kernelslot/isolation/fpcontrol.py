@@ -1,6 +1,6 @@
 """Floating-point control state of another process's threads, read from outside it (issue 26, part 1).
 
-The in-worker snapshot (``verify/numeric_state.py``) runs in the candidate's own process, so a
+The in-worker snapshot (``isolation/numeric_state.py``) runs in the candidate's own process, so a
 candidate that sets flush-to-zero and replaces the snapshot function hides it. This module is the
 referee's side: :func:`observe` reads, from the referee's process and without any cooperation of
 the observed one, every thread's floating-point control register through ``ptrace``, and
