@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelslot.abi import CallDescriptor, CapabilityDomain, CapabilityError, domains_overlap
+from kernelslot.abi import CallDescriptor, CapabilityDomain, CapabilityError, Staircase, domains_overlap
 
 
 def dom(**spec):
@@ -41,3 +41,41 @@ def test_overlap():
     assert not domains_overlap(dom(dtype={"exact": "bfloat16"}), dom(dtype={"one_of": ["float16", "float32"]}))
     assert domains_overlap(dom(dtype={"exact": "bfloat16"}), dom(num_tokens={"range": [1, 2]}))
     assert not domains_overlap(dom(num_tokens={"one_of": [1, 2]}), dom(num_tokens={"range": [3, 9]}))
+
+
+def test_a_staircase_holds_what_ran_not_the_box_around_it():
+    st = Staircase.of_runs([{"num_tokens": 64, "hidden_size": 2048}, {"num_tokens": 32, "hidden_size": 4096},
+                            {"num_tokens": 1, "hidden_size": 128}, {"num_tokens": 16, "hidden_size": 1024}],
+                           ("num_tokens", "hidden_size", "kv_len"))
+    assert st.fields == ("num_tokens", "hidden_size")  # kv_len: no run set it
+    assert st.corners == ((32, 4096), (64, 2048))  # (16, 1024) and (1, 128) lie below a corner
+    assert st.matches(CallDescriptor(num_tokens=64, hidden_size=2048))
+    assert st.matches(CallDescriptor(num_tokens=2, hidden_size=4000))
+    assert not st.matches(CallDescriptor(num_tokens=64, hidden_size=4096))  # both maxima never ran together
+    assert not st.matches(CallDescriptor(num_tokens=33, hidden_size=2049))
+    assert not st.matches(CallDescriptor(num_tokens=8, hidden_size=64))  # below the smallest run
+    assert not st.matches(CallDescriptor(num_tokens=8))  # a missing field is a mismatch
+    assert "inside one of (num_tokens <= 32, hidden_size <= 4096) | (num_tokens <= 64, hidden_size <= 2048)" in st.describe()
+
+
+def test_a_staircase_reads_back_its_json_and_old_box_receipts():
+    st = Staircase.of_runs([{"num_tokens": 64, "hidden_size": 2048}, {"num_tokens": 32, "hidden_size": 4096}],
+                           ("num_tokens", "hidden_size"))
+    env = st.to_json()
+    assert env == {"num_tokens": [32, 64], "hidden_size": [2048, 4096],
+                   "corners": [{"num_tokens": 32, "hidden_size": 4096}, {"num_tokens": 64, "hidden_size": 2048}]}
+    assert Staircase.from_json(env) == st
+    box = Staircase.from_json({"num_tokens": [1, 64], "hidden_size": [8, 4096]})  # a receipt before corners
+    assert box.corners == ((64, 4096),) and box.matches(CallDescriptor(num_tokens=64, hidden_size=4096))
+    assert not box.matches(CallDescriptor(num_tokens=65, hidden_size=8))
+
+
+@pytest.mark.parametrize("env, msg", [
+    ({"tokens": [1, 2]}, "expected a descriptor field"),
+    ({"num_tokens": [3, 2]}, "expected a descriptor field and"),
+    ({"num_tokens": [1, 8], "corners": [{"hidden_size": 4}]}, "corners must be a list"),
+    ({"num_tokens": [1, 8], "corners": [{"num_tokens": 9}]}, "outside the bounds"),
+])
+def test_a_malformed_envelope_is_rejected(env, msg):
+    with pytest.raises(CapabilityError, match=msg):
+        Staircase.from_json(env)

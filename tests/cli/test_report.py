@@ -211,3 +211,23 @@ def test_an_interrupted_run_keeps_every_finished_slot(tmp_path, capsys, monkeypa
     store = ResultStore(tmp_path / "s.db")
     assert store.runs()[0]["status"] == "interrupted" and store.runs()[0]["total"] > 0
     store.close()
+
+
+def test_the_store_keeps_each_variants_verified_envelope_and_reads_it_back(tmp_path):
+    from kernelslot.abi import CallDescriptor
+    from kernelslot.report.payload import payload_from_store
+    from kernelslot.verify.envelope import envelope_domain
+
+    staircase = {"num_tokens": [1, 64], "hidden_size": [8, 4096],
+                 "corners": [{"num_tokens": 32, "hidden_size": 4096}, {"num_tokens": 64, "hidden_size": 2048}]}
+    report = _report("pass", 1e-3)
+    report.envelope = {"k": staircase, "box": {"world_size": [2, 4]}}  # a one-field box, as the collective referee writes
+    store = ResultStore(tmp_path / "s.db")
+    run = store.start_run("v", "cpu", "in-process", None, None)
+    store.add_report(run, report)
+    assert store.envelopes(run) == {"norm.rmsnorm": report.envelope}
+    env = payload_from_store(store, run)["slots"][0]["envelope"]
+    store.close()
+    assert env == report.envelope
+    assert not envelope_domain(env["k"]).matches(CallDescriptor(num_tokens=64, hidden_size=4096))
+    assert envelope_domain(env["box"]).matches(CallDescriptor(world_size=3))

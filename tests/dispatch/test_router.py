@@ -43,3 +43,17 @@ def test_failing_variant_falls_back_and_is_counted():
     r = router.counters["broken"]
     assert (r.fired, r.completed, r.fallback) == (1, 0, 1) and "boom" in r.errors[0]
     assert not torch.isnan(out).any()
+
+
+def test_routes_only_below_a_run_of_the_verified_staircase():
+    from kernelslot.verify.envelope import envelope_domain, verified_envelope
+
+    defn = get_slot("activation.silu_and_mul")
+    cand = Candidate(Kernel(small, name="small"), CapabilityDomain.from_mapping({"num_tokens": {"range": [1, 4096]}}))
+    ran = [CallDescriptor(num_tokens=64, hidden_size=512), CallDescriptor(num_tokens=8, hidden_size=4096)]
+    router = SlotRouter(defn, [cand], verified={"small": envelope_domain(verified_envelope(ran))})
+    assert router.route(CallDescriptor(num_tokens=64, hidden_size=512)) == "small"
+    assert router.route(CallDescriptor(num_tokens=8, hidden_size=4096)) == "small"
+    assert router.route(CallDescriptor(num_tokens=64, hidden_size=4096)) == INCUMBENT  # no run there
+    assert router.route(CallDescriptor(num_tokens=65, hidden_size=8)) == INCUMBENT
+    assert router.route(CallDescriptor(num_tokens=4097, hidden_size=8)) == INCUMBENT

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kernelslot.abi import CallDescriptor, CapabilityDomain, SlotKind
-from kernelslot.slots import CATALOG, Candidate, get_slot
+from kernelslot.slots import CATALOG, Candidate, Kernel, get_slot
 from kernelslot.verify.envelope import boundary_profiles, case_bytes, envelope_domain, verified_envelope
 from kernelslot.verify.single.pipeline import describe, make_case
 
@@ -98,3 +99,58 @@ def test_the_incumbent_passes_the_boundaries_that_catch_the_cheat(cheat):
     assert report.passed
     ran = {r.profile for r in report.results}
     assert any("@" + mod.OPTIONS["envelope_fields"][0] in p for p in ran), ran
+
+
+def test_every_pair_of_extended_fields_gets_a_corner_at_both_maxima():
+    defn = get_slot("norm.rmsnorm")
+    ran = [(p, describe(defn, make_case(defn, p, 0, 0), p, "cpu")) for p in defn.profiles]
+    bounds = boundary_profiles(defn, Candidate(defn.incumbent), ran, 64 << 20, lambda p: make_case(defn, p, 0, 0), {})
+    corners = [b for b in bounds if b.joint is not None]
+    assert [(b.field, b.value, b.joint) for b in corners] == [("num_tokens", 64, ("hidden_size", 4096))]
+    desc = describe(defn, make_case(defn, corners[0].profile, 0, 0), corners[0].profile, "cpu")
+    assert (desc.num_tokens, desc.hidden_size) == (64, 4096)
+    singles = [b for b in bounds if b.joint is None]
+    assert max(b.value for b in singles if b.field == "num_tokens") == 64
+    assert max(b.value for b in singles if b.field == "hidden_size") == 4096
+    # a corner that does not fit the memory bound is clipped, and said so
+    clipped: dict[str, str] = {}
+    small = boundary_profiles(defn, Candidate(defn.incumbent), ran, 1 << 20, lambda p: make_case(defn, p, 0, 0), clipped)
+    assert "never ran together" in clipped.get("num_tokens+hidden_size", ""), clipped
+    assert all(case_bytes(make_case(defn, b.profile, 0, 0)) <= 1 << 20 for b in small if b.joint is not None)
+
+
+def test_the_envelope_records_what_ran_so_an_unrun_corner_is_not_routed():
+    """Boundaries that move one field at a time verify neither field's maximum together with the
+    other's: the box around them covered that corner, the staircase they leave does not."""
+    defn = get_slot("norm.rmsnorm")
+    ran = [(p, describe(defn, make_case(defn, p, 0, 0), p, "cpu")) for p in defn.profiles]
+    bounds = boundary_profiles(defn, Candidate(defn.incumbent), ran, 64 << 20, lambda p: make_case(defn, p, 0, 0), {})
+    singles = [describe(defn, make_case(defn, b.profile, 0, 0), b.profile, "cpu") for b in bounds if b.joint is None]
+    env = verified_envelope([d for _, d in ran] + singles)
+    corner = CallDescriptor(num_tokens=64, hidden_size=4096)
+    assert env["num_tokens"] == [1, 64] and env["hidden_size"] == [1, 4096]  # the box would hold the corner
+    assert envelope_domain({f: env[f] for f in ("num_tokens", "hidden_size")}).matches(corner)
+    assert not envelope_domain(env).matches(corner)
+    assert all(envelope_domain(env).matches(d) for d in [d for _, d in ran] + singles)  # every run is inside
+
+
+def test_the_corner_cheat_fails_at_the_corner_and_an_honest_envelope_covers_its_runs():
+    import dataclasses
+
+    from kernelslot.verify import VerifyOptions, verify_slot
+    from tests.cheats import wrong_only_at_joint_corner as cheat
+
+    defn = get_slot(cheat.SLOT)
+    opts = VerifyOptions(dtypes=(torch.float32,), draws=0, **cheat.OPTIONS)
+    report = verify_slot(defn, Candidate(Kernel(cheat.entry, name="cheat")), opts)
+    failed = {r.profile for r in report.results if not r.passed}
+    assert failed == {"decode_batch@num_tokens=64,hidden_size=4096"}, failed  # only the corner
+    honest = verify_slot(defn, Candidate(defn.incumbent), dataclasses.replace(opts, plan_seed=1))
+    assert honest.passed
+    st = envelope_domain(honest.envelope[defn.incumbent.name])
+    assert st.matches(CallDescriptor(num_tokens=64, hidden_size=4096))  # the corner ran and passed
+    by_label = {p.label: p for p in defn.profiles}
+    for r in honest.results:
+        base = by_label.get(f"{r.profile}[{r.dtype}]")
+        if base is not None:
+            assert st.matches(describe(defn, make_case(defn, base, 0, 0), base, "cpu")), r.profile

@@ -5,6 +5,7 @@ from kernelslot.abi.capability import (
     CapabilityDomain,
     CapabilityError,
     Predicate,
+    Staircase,
     canonical_arch,
     canonical_dtype,
     domains_overlap,
@@ -15,7 +16,7 @@ from kernelslot.abi.slot import Arg, Role, Slot, SlotKind
 from kernelslot.abi.tensor_spec import AllocatedOutput, OutputSpec, allocate_output, poison_value
 
 __all__ = [
-    "DESCRIPTOR_FIELDS", "CallDescriptor", "CapabilityDomain", "CapabilityError", "Predicate", "canonical_arch", "canonical_dtype", "domains_overlap",
+    "DESCRIPTOR_FIELDS", "CallDescriptor", "CapabilityDomain", "CapabilityError", "Predicate", "Staircase", "canonical_arch", "canonical_dtype", "domains_overlap",
     "AllClose", "AllOf", "Comparator", "Cosine", "MatchedRatio", "TopKOverlap", "Verdict",
     "PermuteTokens", "Relation", "ScaleLinear",
     "Arg", "Role", "Slot", "SlotKind", "AllocatedOutput", "OutputSpec", "allocate_output", "poison_value",

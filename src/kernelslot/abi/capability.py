@@ -15,12 +15,15 @@ Spellings are canonical on both sides: ``dtype`` values and predicate values go 
 values through :func:`canonical_arch` (``sm80``, ``sm_80``, ``SM-80`` -> ``sm_80``; the
 ``a``/``f`` compile-target suffixes of ``sm90a``/``sm100f`` name the same device, ``sm_90`` /
 ``sm_100``), in descriptors and in domains alike.
+
+A :class:`Staircase` is the other kind of routing region: the sizes a verification actually ran
+(``verify/envelope.py``), a union of boxes that share one lower corner.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 PREDICATES = ("exact", "one_of", "range")
 
@@ -173,6 +176,86 @@ class CapabilityDomain:
 
     def describe(self) -> str:
         return " and ".join(p.describe() for p in self.predicates) or "any call"
+
+
+CORNERS = "corners"  # the key of a staircase's corner list in its JSON form (never a descriptor field)
+
+
+@dataclass(frozen=True)
+class Staircase:
+    """The union of the boxes ``[lo, corner]`` over ``corners``: what a verification ran.
+
+    ``fields`` are numeric descriptor fields; ``lo`` / ``hi`` their smallest / largest value over
+    the runs; each corner is one run's values (one per field, in ``fields`` order), and none is
+    dominated by another. A descriptor lies inside iff every field holds a number within
+    ``[lo, hi]`` and some corner is at least it in every field: a run at a size covers every
+    smaller one, never a combination of fields that no single run reached (two fields each verified
+    to its maximum, but never both at once, stay outside). A field the descriptor lacks is a
+    mismatch, as in a :class:`CapabilityDomain`.
+
+    JSON form (:meth:`to_json`): ``{field: [lo, hi], ..., "corners": [{field: value, ...}, ...]}``.
+    Without ``"corners"`` (a box, as receipts recorded it before corners existed) the box's upper
+    corner is the one corner: read back, an old receipt claims exactly what it said.
+    """
+
+    fields: tuple[str, ...]
+    lo: tuple[int | float, ...]
+    corners: tuple[tuple[int | float, ...], ...]
+
+    @staticmethod
+    def of_runs(runs: Iterable[Mapping[str, Any]], fields: Iterable[str]) -> "Staircase":
+        """The staircase of the runs' values (each a mapping field -> number) over those of
+        ``fields`` that some run sets; a run lacking one of them counts there at its lowest value."""
+        runs = [dict(r) for r in runs]
+        names = tuple(f for f in fields if any(_is_number(r.get(f)) for r in runs))
+        lo = tuple(min(r[f] for r in runs if _is_number(r.get(f))) for f in names)
+        points = {tuple(r[f] if _is_number(r.get(f)) else low for f, low in zip(names, lo)) for r in runs}
+        return Staircase(names, lo, _maximal(points))
+
+    @staticmethod
+    def from_json(env: Mapping[str, Any]) -> "Staircase":
+        """Read :meth:`to_json`'s form (or a plain ``{field: [lo, hi]}`` box); raise
+        :class:`CapabilityError` on anything else."""
+        bounds = {f: v for f, v in env.items() if f != CORNERS}
+        for f, v in bounds.items():
+            if f not in DESCRIPTOR_FIELDS or not (isinstance(v, (list, tuple)) and len(v) == 2
+                                                  and all(_is_number(x) for x in v) and v[0] <= v[1]):
+                raise CapabilityError(f"verified envelope: {f}: expected a descriptor field and [lo, hi], got {v!r}")
+        names = tuple(bounds)
+        raw = env.get(CORNERS, [{f: bounds[f][1] for f in names}])
+        if not isinstance(raw, (list, tuple)) or not all(
+                isinstance(c, Mapping) and set(c) == set(names) and all(_is_number(c[f]) for f in names) for c in raw):
+            raise CapabilityError(f"verified envelope: {CORNERS} must be a list of {{field: value}} over {list(names)}, "
+                                  f"got {raw!r}")
+        corners = _maximal({tuple(c[f] for f in names) for c in raw})
+        lo = tuple(bounds[f][0] for f in names)
+        if any(not bounds[f][0] <= c[i] <= bounds[f][1] for c in corners for i, f in enumerate(names)):
+            raise CapabilityError(f"verified envelope: a corner lies outside the bounds {dict(bounds)}")
+        return Staircase(names, lo, corners)
+
+    def to_json(self) -> dict[str, Any]:
+        hi = [max(c[i] for c in self.corners) for i in range(len(self.fields))]
+        out: dict[str, Any] = {f: [lo, h] for f, lo, h in zip(self.fields, self.lo, hi)}
+        out[CORNERS] = [dict(zip(self.fields, c)) for c in self.corners]
+        return out
+
+    def matches(self, desc: CallDescriptor) -> bool:
+        values = [desc.get(f) for f in self.fields]
+        if not all(_is_number(v) and v >= lo for v, lo in zip(values, self.lo)):
+            return False
+        return any(all(v <= c for v, c in zip(values, corner)) for corner in self.corners)
+
+    def describe(self) -> str:
+        if not self.fields:
+            return "any call"
+        lows = ", ".join(f"{f} >= {lo}" for f, lo in zip(self.fields, self.lo))
+        boxes = " | ".join("(" + ", ".join(f"{f} <= {v}" for f, v in zip(self.fields, c)) + ")" for c in self.corners)
+        return f"{lows}, inside one of {boxes}"
+
+
+def _maximal(points: set[tuple]) -> tuple[tuple, ...]:
+    """The points no other point dominates (at least as large in every coordinate), sorted."""
+    return tuple(sorted(p for p in points if not any(q != p and all(a <= b for a, b in zip(p, q)) for q in points)))
 
 
 def _is_number(v: Any) -> bool:

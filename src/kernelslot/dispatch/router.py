@@ -2,11 +2,12 @@
 
 A :class:`SlotRouter` holds a slot's admitted variants and its trusted incumbent. Each call
 comes with a :class:`CallDescriptor`; the variant whose capability domain matches — and, when
-given, its verified envelope (``verify/envelope.py``: declared ∩ verified) — runs, and
-otherwise the incumbent does. If a variant raises, the incumbent recomputes the call (the
-outputs are rewritten in full) and the failure is counted. Receipts count ``fired`` (a variant
-was chosen), ``completed`` (it returned cleanly) and ``fallback`` (the incumbent ran), per
-variant, so a candidate that never runs earns no credit.
+given, its verified envelope (``verify/envelope.py``: declared ∩ verified; a
+:class:`~kernelslot.abi.Staircase` routes a call only below some run that verified it, in every
+size field at once) — runs, and otherwise the incumbent does. If a variant raises, the
+incumbent recomputes the call (the outputs are rewritten in full) and the failure is counted.
+Receipts count ``fired`` (a variant was chosen), ``completed`` (it returned cleanly) and
+``fallback`` (the incumbent ran), per variant, so a candidate that never runs earns no credit.
 
 **Shadow checks.** A random sample of live calls (``shadow_rate``, drawn from an unseeded RNG)
 is re-run by the incumbent on copies of the arguments after the variant returned; the slot's
@@ -25,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from kernelslot.abi import CallDescriptor, CapabilityDomain, Role, domains_overlap
+from kernelslot.abi import CallDescriptor, CapabilityDomain, Role, Staircase, domains_overlap
 import kernelslot.isolation  # noqa: F401 - serving loads the modules a sandboxed worker holds: sys.modules tells neither apart (docs/threat-model.md, "Identity")
 from kernelslot.bundle.loader import resolve_kernel
 from kernelslot.slots.base import Candidate, Kernel, SlotDef
@@ -52,8 +53,9 @@ class RoutedPrepared:
 
 class SlotRouter:
     def __init__(self, defn: SlotDef, candidates: Sequence[Candidate], incumbent: Kernel | None = None, *,
-                 verified: Mapping[str, CapabilityDomain] | None = None, shadow_rate: float = 0.0):
-        """``verified``: variant name -> its verified envelope (routes only inside it where given);
+                 verified: Mapping[str, Staircase | CapabilityDomain] | None = None, shadow_rate: float = 0.0):
+        """``verified``: variant name -> its verified envelope (``envelope_domain(report.envelope[name])``;
+        routes only inside it where given);
         ``shadow_rate``: the fraction of a variant's live calls shadow-checked against the incumbent."""
         if not 0.0 <= shadow_rate <= 1.0:
             raise ValueError(f"shadow_rate must be within [0, 1], got {shadow_rate}")

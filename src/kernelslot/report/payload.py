@@ -94,7 +94,9 @@ def payload_from_store(store: Any, run_id: int) -> dict[str, Any]:
     for e in store.slot_errors(run_id):
         slots.setdefault(e["slot"], {"slot": e["slot"], "kernel": "-", "runner": run["runner"],
                                      "device": run["device"], "results": [], "errors": []})["errors"].append(e["message"])
+    envelopes = store.envelopes(run_id)
     for s in slots.values():
+        s["envelope"] = envelopes.get(s["slot"], {})
         ran = [r for r in s["results"] if not r.get("skipped_reason")]
         s["passed"] = not s["errors"] and bool(ran) and all(r["status"] == PASS for r in ran)
         defn = CATALOG.get(s["slot"])

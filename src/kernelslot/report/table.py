@@ -1,6 +1,7 @@
 """Human-readable verification tables (one per slot) and failure reasons."""
 from __future__ import annotations
 
+from kernelslot.verify.envelope import describe_envelope
 from kernelslot.verify.verdict import FAIL, PASS, SKIP, Check, ProfileResult, SlotReport
 
 # Table columns: a heading and the checks it summarises (a column fails if any of its checks fails).
@@ -73,7 +74,7 @@ def render_slot(report: SlotReport, comparator: str) -> str:
     for note in report.notes:
         lines.append(f"  note: {note}")
     for variant, env in report.envelope.items():
-        lines.append(f"  verified envelope of {variant}: " + ", ".join(f"{f} {lo}..{hi}" for f, (lo, hi) in env.items()))
+        lines.append(f"  verified envelope of {variant}: {describe_envelope(env)}")
     ran = [r for r in report.results if not r.skipped_reason]
     passed = sum(r.passed for r in ran)
     lines.append(f"  => {'PASS' if report.passed else 'FAIL'}: {passed}/{len(ran)} profile runs passed"

@@ -2,7 +2,9 @@
 
 One ``runs`` row per ``kernelslot verify`` invocation (command, device, runner, bundle id and
 hash, seeds, final status), one ``results`` row per slot × profile × dtype × seed (status,
-metrics, timing, skipped reason) and one ``checks`` row per check the referee recorded. Fields a
+metrics, timing, skipped reason), one ``checks`` row per check the referee recorded and one
+``envelopes`` row per slot × variant whose verified envelope was recorded (its JSON form,
+``verify/envelope.py``; read back by :meth:`ResultStore.envelopes`). Fields a
 result carries beyond the known columns (added by later referee versions) are kept in the
 result's ``extra`` JSON, so the schema does not have to change with them. Each slot's rows are
 written in one transaction as soon as the slot finishes, so an interrupted run keeps every slot
@@ -35,6 +37,7 @@ COLUMNS = {
     "checks": ("result_id INTEGER REFERENCES results(id)", "run_id INTEGER REFERENCES runs(id)", "name TEXT",
                "status TEXT", "message TEXT"),
     "slot_errors": ("run_id INTEGER REFERENCES runs(id)", "slot TEXT", "message TEXT"),
+    "envelopes": ("run_id INTEGER REFERENCES runs(id)", "slot TEXT", "variant TEXT", "envelope TEXT"),
 }
 _KNOWN_RESULT_FIELDS = {"slot", "kernel", "profile", "dtype", "model", "seed", "checks", "metrics", "timing",
                         "skipped_reason", "status"}
@@ -129,6 +132,8 @@ class ResultStore:
                                     [(cur.lastrowid, run_id, c.name, c.status, c.message) for c in r.checks])
             for msg in report.errors:
                 self.db.execute("INSERT INTO slot_errors VALUES (?,?,?)", (run_id, report.slot, msg))
+            for variant, env in report.envelope.items():
+                self.db.execute("INSERT INTO envelopes VALUES (?,?,?,?)", (run_id, report.slot, variant, json.dumps(env)))
 
     def finish_run(self, run_id: int, status: str) -> None:
         with self.db:
@@ -168,6 +173,14 @@ class ResultStore:
 
     def slot_errors(self, run_id: int) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.execute("SELECT slot, message FROM slot_errors WHERE run_id = ?", (run_id,))]
+
+    def envelopes(self, run_id: int) -> dict[str, dict[str, Any]]:
+        """slot -> variant -> verified envelope (as recorded: a staircase, or a run before corners
+        existed recorded none) of a run."""
+        out: dict[str, dict[str, Any]] = {}
+        for r in self.db.execute("SELECT slot, variant, envelope FROM envelopes WHERE run_id = ?", (run_id,)):
+            out.setdefault(r["slot"], {})[r["variant"]] = json.loads(r["envelope"])
+        return out
 
     def close(self) -> None:
         self.db.close()

@@ -124,7 +124,7 @@ class SlotReport:
     results: list[ProfileResult] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # failures that stopped the slot (e.g. load errors)
     not_run: str = ""  # why no candidate could run on this machine (Needs.unmet); then nothing ran
-    envelope: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # variant -> field -> verified [lo, hi]
+    envelope: dict[str, dict[str, Any]] = field(default_factory=dict)  # variant -> verified staircase (verify/envelope.py)
     notes: list[str] = field(default_factory=list)  # not failures: e.g. an envelope clipped for memory
 
     @property
