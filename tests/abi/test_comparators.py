@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from kernelslot.abi import AllClose, AllOf, Cosine, MatchedRatio, TopKOverlap
+from kernelslot.abi import AllClose, AllOf, Cosine, MatchedRatio, TopKOverlap, UlpShare
+from kernelslot.abi.comparators import float_ordinal, ulp_distance
 
 
 def test_allclose_rejects_nan_and_reports_location():
@@ -91,3 +92,42 @@ def test_a_reference_below_the_output_dtypes_resolution_passes_a_correctly_round
     far = torch.tensor([[1e-39]], dtype=torch.float32)
     assert not AllClose().compare(torch.tensor([[0.0]], dtype=torch.bfloat16), far).passed
     assert not AllClose().compare(torch.tensor([[0.0]], dtype=torch.float32), torch.tensor([[1e-40]])).passed
+
+
+def test_ulp_distance_counts_representable_values_across_zero_and_binades():
+    one = torch.tensor([1.0], dtype=torch.float16)
+    up = torch.nextafter(one, torch.tensor([2.0], dtype=torch.float16))
+    assert int(float_ordinal(up) - float_ordinal(one)) == 1
+    assert float_ordinal(torch.tensor([0.0, -0.0], dtype=torch.bfloat16)).tolist() == [0, 0]
+    tiny = torch.tensor([6e-8, -6e-8], dtype=torch.float16)  # the smallest subnormals, either side of zero
+    assert ulp_distance(tiny[:1], tiny[1:].float()).tolist() == [2.0]
+    below = torch.nextafter(one, torch.tensor([0.0], dtype=torch.float16))  # across the binade edge
+    assert ulp_distance(below, torch.tensor([1.0])).tolist() == [1.0]
+    assert ulp_distance(torch.tensor([float("nan")], dtype=torch.float16), torch.tensor([1.0])).tolist() == [float("inf")]
+
+
+def test_ulp_share_rejects_a_float16_output_rounded_through_bfloat16_that_allclose_admits():
+    e = torch.randn(8, 256, generator=torch.Generator().manual_seed(0))
+    honest = e.to(torch.float16)
+    through_bf16 = e.to(torch.bfloat16).to(torch.float16)
+    cmp = AllClose(ulps=UlpShare(0.01))
+    assert AllClose().compare(through_bf16, e).passed  # float16's 1e-2 is an accumulation allowance
+    v = cmp.compare(through_bf16, e)
+    assert not v.passed and v.metric == "within_1ulp" and v.margin > 20 and "ulps)" in v.detail, v.describe()
+    ok = cmp.compare(honest, e)
+    assert ok.passed and ok.metric == "allclose" and ok.margin <= 1
+    # one rounding more (an intermediate cast to the output dtype, as engine kernels do) stays within one ulp
+    twice = (e * 0.7).to(torch.float16).float().div(0.7).to(torch.float16)
+    assert cmp.compare(twice, e).passed
+    # float32 outputs are not judged in ulps
+    assert UlpShare(0.0).compare(e.to(torch.bfloat16).float(), e).detail == "not judged for torch.float32"
+
+
+def test_ulp_share_ignores_errors_below_the_rows_scale_and_counts_the_rest():
+    e = torch.tensor([[100.0, -50.0, 3e-6, 1.0]])
+    a = e.to(torch.float16)
+    a[0, 2] = 0.0  # 3e-6 -> 0: many subnormal ulps, but far below an eighth of an ulp at the row's rms
+    assert UlpShare(0.0).compare(a, e).passed
+    a[0, 3] = 1.01  # 10 ulps at a cell of the row's scale
+    v = UlpShare(0.2).compare(a, e)
+    assert not v.passed and v.value == 0.75 and v.margin == 1.25

@@ -157,3 +157,33 @@ def test_a_failed_comparison_names_the_near_miss_it_matches():
                          VerifyOptions(dtypes=(torch.float32,)))
     messages = [c.message for r in report.results for c in r.failures()]
     assert any("it matches the reference with routing weights renormalised" in m for m in messages), messages
+
+
+@pytest.mark.parametrize("slot", ["norm.rmsnorm", "activation.silu_and_mul"])
+def test_a_float16_output_rounded_through_bfloat16_is_caught_by_its_ulps(slot):
+    """fp32 math with one cast: the battery holds the bf16-rounded float16 answer, and it is the
+    ulp judgement, not the 1e-2 tolerance, that rejects it."""
+    defn = get_slot(slot)
+    for profile in [p for p in defn.profiles if p.dtype == torch.float16]:
+        r = oracle_profile(defn, profile)
+        bf16 = next(a for a in r.answers if a.kind == "rounded through bfloat16")
+        assert bf16.caught and bf16.by == "compare" and "within_1ulp" in bf16.detail, (profile.label, bf16)
+        assert bf16.margin > 20, (profile.label, bf16.margin)
+    bf = next(p for p in defn.profiles if p.dtype == torch.bfloat16)
+    assert not any(a.kind == "rounded through bfloat16" for a in oracle_profile(defn, bf).answers)
+
+
+def test_low_bit_profiles_reject_what_their_slot_resolves():
+    """moe.fused_experts' NVFP4 profiles must reject the output rounded to 2 significant bits;
+    moe.block_tkg's MX profiles resolve 1 (their cosine admits honest path choices as large)."""
+    fused = get_slot("moe.fused_experts")
+    assert fused.low_bit_resolution == 2
+    for profile in [p for p in fused.profiles if LOW_BIT in p.tags]:
+        answers = {a.kind: a for a in oracle_profile(fused, profile).answers}
+        two = answers["rounded to 2 significant bits (E2M1's precision)"]
+        assert two.caught and two.margin > 5, (profile.label, two.margin)
+        assert answers["rounded to 1 significant bit (below E2M1)"].caught
+    block = get_slot("moe.block_tkg")
+    mx = min((p for p in block.profiles if LOW_BIT in p.tags), key=_size)
+    kinds = {a.kind for a in oracle_profile(block, mx).answers}
+    assert "rounded to 1 significant bit (below E2M1)" in kinds and not any("2 significant" in k for k in kinds)

@@ -11,12 +11,17 @@ reference below what the output dtype can represent (say a float32 reference of 
 bfloat16 output that holds 0) never fails a correctly rounded cell. NaN never matches; matching
 infinities of the same sign do, and an infinity matches nothing else.
 
+**Precision in output ulps** (:class:`UlpShare`): where a slot's contract is fp32 math with one
+final cast, a 16-bit output must also hold its dtype's precision: few cells may be more than one
+unit in the last place from the correctly rounded reference (an error a 1e-2 / 2e-2 tolerance,
+an accumulation allowance, would admit: bfloat16 rounding of a float16 output).
+
 **Margin.** Every :class:`Verdict` carries ``margin``: the comparator's worst statistic divided
 by the bound it must stay within, so ``margin > 1`` fails and ``margin <= 1`` passes (exactly
 ``not passed``). Per comparator: allclose, the largest ``|a - e| / tol`` over cells;
 matched_ratio, the larger of ``unmatched fraction / (1 - min_ratio)`` and the largest error over
 its gross-error bound; cosine, the larger of ``(1 - cos) / (1 - min_cos)`` and
-``rel norm err / max_rel_norm_err``; topk_overlap, ``(1 - overlap) / (1 - min_overlap)``; all-of,
+``rel norm err / max_rel_norm_err``; ulp share, ``share of cells off / max_share``; topk_overlap, ``(1 - overlap) / (1 - min_overlap)``; all-of,
 the largest of its parts'. NaN/inf where a comparator rejects outright count as ``inf``. The
 oracle self-test (``kernelslot.verify.oracle``) reports it for trivially wrong answers. There are no don't-care cells: where the contract leaves a
 result open (a routing or selection tie within the dtype path's rounding), the slot's reference
@@ -189,20 +194,28 @@ def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) 
 
 @dataclass(frozen=True)
 class AllClose:
-    """Every cell within ``atol·min(1, rms(row)) + rtol·|e|``."""
+    """Every cell within ``atol·min(1, rms(row)) + rtol·|e|``; with ``ulps``, the output's
+    precision in its dtype's ulps is judged too (:class:`UlpShare`; reported where it fails)."""
 
     atol: float | None = None
     rtol: float | None = None
+    ulps: "UlpShare | None" = None
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
         r = _cell_ratios(actual, expected, self.atol, self.rtol)
         m = r <= 1
         ratio = float(m.double().mean()) if m.numel() else 1.0
         worst = float(r.max()) if r.numel() else 0.0
-        return Verdict(bool(m.all()), "allclose", ratio, 1.0, _worst(actual, expected, m), worst)
+        verdict = Verdict(bool(m.all()), "allclose", ratio, 1.0, _worst(actual, expected, m), worst)
+        if self.ulps is None:
+            return verdict
+        ulp = self.ulps.compare(actual, expected)
+        chosen = ulp if verdict.passed and not ulp.passed else verdict
+        return dataclasses.replace(chosen, margin=max(verdict.margin, ulp.margin))
 
     def describe(self) -> str:
-        return "allclose" + (f"(atol={self.atol}, rtol={self.rtol})" if self.atol is not None else "")
+        text = "allclose" + (f"(atol={self.atol}, rtol={self.rtol})" if self.atol is not None else "")
+        return f"{text} and {self.ulps.describe()}" if self.ulps is not None else text
 
 
 @dataclass(frozen=True)
@@ -244,6 +257,70 @@ class MatchedRatio:
     def describe(self) -> str:
         scaled = ", atol scaled by row rms" if self.row_scaled_atol else ""
         return f"matched_ratio >= {self.min_ratio} (no cell off by > {self.outlier_factor:g}x row-scaled tolerance{scaled})"
+
+
+ULP_DTYPES = (torch.float16, torch.bfloat16)
+_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+
+
+def float_ordinal(x: torch.Tensor) -> torch.Tensor:
+    """Each cell's position on its dtype's grid of representable values (int64): adjacent values
+    differ by 1, ``+0`` and ``-0`` are both 0, and the infinities sit one past the largest finite
+    values. Defined for float16, bfloat16 and float32."""
+    i = x.contiguous().view(_BITS[x.dtype]).long()
+    magnitude = i & ((1 << (8 * x.element_size() - 1)) - 1)
+    return torch.where(i < 0, -magnitude, magnitude)
+
+
+def ulp_distance(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """How many representable values of ``actual.dtype`` lie between each cell of ``actual`` and
+    the correctly rounded ``expected`` (float64; ``inf`` where either side is NaN)."""
+    rounded = expected.to(actual.dtype)
+    dist = (float_ordinal(actual) - float_ordinal(rounded)).abs().double()
+    return torch.where(torch.isnan(actual) | torch.isnan(rounded), torch.full_like(dist, float("inf")), dist)
+
+
+@dataclass(frozen=True)
+class UlpShare:
+    """At most ``max_share`` of the cells more than ``max_ulps`` ulps of the output dtype from the
+    correctly rounded reference (:func:`ulp_distance`); judged on float16 and bfloat16 outputs only.
+
+    For fp32 math rounded once to a 16-bit output, the fp32 error is far below half an ulp, so a
+    cell lands on the correctly rounded value or its neighbour; two roundings (an intermediate cast
+    to the output dtype, as engine kernels do) stay within one ulp too. A cell whose error is at
+    most an eighth of the dtype's unit roundoff times its row's rms (the row is the last dimension)
+    is not counted: below the row's scale an fp32 path loses its own resolution (a product that
+    underflows in fp32, a subnormal intermediate) without losing the output's precision. float32
+    outputs are not judged: there the tolerance (1e-5, about 80 ulps) is an accumulation allowance
+    and the dtype's precision is below any honest reduction's error.
+    """
+
+    max_share: float
+    max_ulps: int = 1
+
+    def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
+        if actual.dtype not in ULP_DTYPES:
+            return Verdict(True, self.metric, 1.0, 1.0 - self.max_share, f"not judged for {actual.dtype}", 0.0)
+        dist = ulp_distance(actual, expected)
+        err = (actual.double() - expected.double()).abs().nan_to_num(nan=float("inf"))
+        floor = unit_roundoff(actual.dtype) / 8 * row_rms(expected)
+        off = (dist > self.max_ulps) & ~(err <= floor)
+        share = float(off.double().mean()) if off.numel() else 0.0
+        margin = _bound(share, self.max_share)
+        detail = ""
+        if off.any():
+            idx = tuple(off.nonzero()[0].tolist())
+            detail = (f"{int(off.sum())} of {off.numel()} cells more than {self.max_ulps} ulp from the correctly rounded "
+                      f"reference; first at {list(idx)}: got {actual[idx].item():.6g}, expected "
+                      f"{expected[idx].item():.6g} ({dist[idx].item():.0f} ulps)")
+        return Verdict(margin <= 1, self.metric, 1.0 - share, 1.0 - self.max_share, detail, margin)
+
+    @property
+    def metric(self) -> str:
+        return f"within_{self.max_ulps}ulp"
+
+    def describe(self) -> str:
+        return f"{self.metric} >= {1 - self.max_share:g} of cells (float16/bfloat16 outputs)"
 
 
 def row_cosines(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:

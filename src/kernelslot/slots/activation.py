@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelslot.abi import AllClose, PermuteTokens, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
+from kernelslot.abi import AllClose, PermuteTokens, UlpShare, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import activation as builtin
 from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic, nbytes,
                                    output_traffic, randn)
@@ -17,6 +17,13 @@ SILU_AND_MUL = Slot(
      Arg("out", Role.OUTPUT, shape="(..., d)")),
     summary="out = silu(x[..., :d]) * x[..., d:]; x (..., 2d), out (..., d)",
 )
+
+# fp32 math, one cast: a 16-bit output holds its dtype's precision (abi/comparators.py UlpShare). Measured
+# share of cells > 1 ulp from the correctly rounded reference, every profile in float16/bfloat16, 12 seeds
+# (half at drawn sizes): 0 for fp32 math cast once (the built-in, examples/honest_activation, direct_activation,
+# tests/verify/honest_kernels) and for silu rounded to the dtype before the product (torch eager, vLLM's
+# kernel); at least 0.26 for a float16 output rounded through bfloat16, which allclose's 1e-2 admits.
+COMPARATOR = AllClose(ulps=UlpShare(0.01))
 
 _SHAPES = {
     "single_token": ((1,), 64, 1.0),
@@ -79,7 +86,7 @@ SLOTS = (
         slot=SILU_AND_MUL,
         make_case=_make_case,
         reference=_reference,
-        comparator=AllClose(),
+        comparator=COMPARATOR,
         profiles=tuple(
             Profile(name, {"lead": lead, "d": d, "scale": scale}, dt,
                     tags=frozenset({"adversarial"}) if name.startswith(("ragged", "saturating", "single")) else frozenset())

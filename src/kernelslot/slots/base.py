@@ -22,7 +22,8 @@ __all__ = ["Profile", "Pick", "Case", "Kernel", "KernelSource", "Override", "Nee
 
 
 # Profile tag: 4-bit (E2M1) weights or activations on the profile's path; its own comparator admits that
-# noise, so the oracle's lower-precision answer for the outputs it judges is 1 significant bit (verify/oracle.py).
+# noise, so the oracle's lower-precision answers for the outputs it judges are the output rounded to
+# 1 significant bit and to each count up to the slot's ``low_bit_resolution`` (verify/oracle.py).
 LOW_BIT = "low_bit"
 
 
@@ -255,6 +256,9 @@ class SlotDef:
     prepared_state: str = ""
     # draw(base, pick) -> dims overriding base.dims: one drawn profile inside the declared domain (slots/draw.py)
     draw: Callable[[Profile, "Pick"], Mapping[str, Any]] | None = None
+    # The most significant bits of output rounding a LOW_BIT profile's comparator must reject (verify/oracle.py
+    # judges the output rounded to 1..this many bits); 1 where honest path choices err as much as 2 bits do
+    low_bit_resolution: int = 1
 
     def builtin_candidates(self) -> tuple["Candidate", ...]:
         return self.builtins or (Candidate(self.incumbent),)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from kernelslot.abi import AllClose, PermuteTokens, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
+from kernelslot.abi import AllClose, PermuteTokens, UlpShare, Arg, CallDescriptor, OutputSpec, Role, Slot, SlotKind
 from kernelslot.kernels import norm as builtin
 from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic, nbytes,
                                    output_traffic, randn)
@@ -17,6 +17,13 @@ RMSNORM = Slot(
     (Arg("x", Role.INPUT), Arg("weight", Role.INPUT), Arg("out", Role.OUTPUT), Arg("eps", Role.SCALAR)),
     summary="out = x * rsqrt(mean(x^2, -1) + eps) * weight (fp32 math)",
 )
+
+# fp32 math, one cast: a 16-bit output holds its dtype's precision (abi/comparators.py UlpShare). Measured
+# share of cells > 1 ulp from the correctly rounded reference, every profile in float16/bfloat16, 12 seeds
+# (half at drawn sizes): 0 for fp32 math cast once (the built-in, examples/honest_norm) and for the engine
+# style that rounds x·rsqrt to the dtype before the weight; 0.59-0.65 for a float16 output rounded through
+# bfloat16 (allclose's 1e-2 admits it); 0-0.18 for math done in the 16-bit dtype itself (not the contract).
+COMPARATOR = AllClose(ulps=UlpShare(0.01))
 
 # name: (rows, hidden, eps, x offset, model)
 _SHAPES = {
@@ -105,7 +112,7 @@ SLOTS = (
         slot=RMSNORM,
         make_case=_make_case,
         reference=_reference,
-        comparator=AllClose(),
+        comparator=COMPARATOR,
         profiles=tuple(
             Profile(name, {"rows": r, "hidden": h, "eps": e, "offset": o}, dt, model=m,
                     tags=frozenset({"adversarial"}) if name.startswith(("ragged", "large", "tiny", "single")) else frozenset())

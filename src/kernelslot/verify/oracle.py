@@ -20,9 +20,12 @@ The battery, per output:
   bfloat16) is an accumulation allowance that admits any rounding whose relative step is below
   it — bfloat16's 2^-8 under float16's 1e-2, and on small outputs E4M3's 3-6% under bfloat16's
   2e-2 — so the meaningful lower precision is the 8-bit format whose step clearly exceeds the
-  tolerance. Outputs judged by a low-bit profile's own comparator (profile tag ``low_bit``:
-  E2M1 weights or activations on the path, whose noise that comparator must admit) are rounded
-  to 1 significant bit, below E2M1's 2;
+  tolerance. Where the comparator also judges precision in output ulps (an ``AllClose`` with
+  ``ulps``: fp32 math with one final cast), a float16 output is also rounded through bfloat16,
+  which that judgement must reject. Outputs judged by a low-bit profile's own comparator (profile
+  tag ``low_bit``: E2M1 weights or activations on the path, whose noise that comparator must
+  admit) are rounded to 1 significant bit, below E2M1's 2, and to every count up to the slot's
+  ``low_bit_resolution`` (2 bits for ``moe.fused_experts``' NVFP4 profiles);
 - the slot's named near-misses (:class:`kernelslot.slots.base.NearMiss`), all outputs at once.
 
 An answer that is not wrong is skipped with the reason: one equal to the reference in every cell
@@ -43,7 +46,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from kernelslot.abi.comparators import AllOf, TopKOverlap, canonical_expected, resolve_expected
+from kernelslot.abi.comparators import AllClose, AllOf, TopKOverlap, canonical_expected, resolve_expected
 from kernelslot.slots.base import LOW_BIT, Case, Profile, SlotDef
 from kernelslot.verify.single.pipeline import clone_case
 
@@ -115,15 +118,24 @@ def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(torch.isfinite(x), rounded.to(x.dtype), x)
 
 
-def lower_precision(ref: torch.Tensor, dtype: torch.dtype, low_bit: bool = False) -> tuple[torch.Tensor, str]:
-    """The reference rounded below ``dtype``'s contract (see the module docstring)."""
+def lower_precision(ref: torch.Tensor, dtype: torch.dtype, low_bit: int = 0,
+                    ulps: bool = False) -> Iterator[tuple[torch.Tensor, str]]:
+    """The reference rounded below ``dtype``'s contract (see the module docstring): ``low_bit``
+    (> 0: the output is judged at a 4-bit path's precision) is the most significant bits its
+    comparator must resolve; ``ulps``: the comparator judges precision in output ulps."""
     if low_bit:
-        return round_significand(ref, 1), "rounded to 1 significant bit (below E2M1)"
+        for bits in range(1, low_bit + 1):
+            yield round_significand(ref, bits), f"rounded to {bits} significant bit{'s' * (bits > 1)}" + (
+                " (below E2M1)" if bits == 1 else " (E2M1's precision)" if bits == 2 else "")
+        return
     if dtype in (torch.float32, torch.float64):
-        return ref.to(torch.bfloat16).to(ref.dtype), "rounded to bfloat16"
-    if dtype == torch.bfloat16:
-        return round_significand(ref, E5M2_SIGNIFICAND_BITS), f"rounded to {E5M2_SIGNIFICAND_BITS} significant bits (E5M2)"
-    return round_significand(ref, E4M3_SIGNIFICAND_BITS), f"rounded to {E4M3_SIGNIFICAND_BITS} significant bits (E4M3)"
+        yield ref.to(torch.bfloat16).to(ref.dtype), "rounded to bfloat16"
+    elif dtype == torch.bfloat16:
+        yield round_significand(ref, E5M2_SIGNIFICAND_BITS), f"rounded to {E5M2_SIGNIFICAND_BITS} significant bits (E5M2)"
+    else:
+        yield round_significand(ref, E4M3_SIGNIFICAND_BITS), f"rounded to {E4M3_SIGNIFICAND_BITS} significant bits (E4M3)"
+        if ulps and dtype == torch.float16:
+            yield ref.to(torch.bfloat16).to(ref.dtype), "rounded through bfloat16"
 
 
 def _input_copies(case: Case, shape: tuple[int, ...], floating: bool) -> Iterator[tuple[str, torch.Tensor]]:
@@ -137,11 +149,11 @@ def _input_copies(case: Case, shape: tuple[int, ...], floating: bool) -> Iterato
 
 
 def battery(case: Case, ref: torch.Tensor, dtype: torch.dtype, selection: bool = False,
-            low_bit: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+            low_bit: int = 0, ulps: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """The generic wrong answers for one output (kind, tensor); the caller casts them to ``dtype``.
 
     ``selection``: the output is a score sheet judged by its selection (adds "every cell -inf",
-    nothing selectable); ``low_bit``: the output is judged at a 4-bit path's precision.
+    nothing selectable); ``low_bit`` and ``ulps``: as for :func:`lower_precision`.
     """
     floating = dtype.is_floating_point
     ref = ref if floating else ref.to(dtype)
@@ -159,7 +171,8 @@ def battery(case: Case, ref: torch.Tensor, dtype: torch.dtype, selection: bool =
             if dropped is not None:
                 yield f"{kind} {dropped[1]}", dropped[0]
     if floating:
-        yield tuple(reversed(lower_precision(ref, dtype, low_bit)))
+        for wrong, kind in lower_precision(ref, dtype, low_bit, ulps):
+            yield kind, wrong
 
 
 # --------------------------------------------------------------------------- judging
@@ -172,10 +185,18 @@ def _selection_only(comparator: Any) -> int | None:
     return None
 
 
-def _low_bit(profile: Profile, output: str) -> bool:
-    """Whether ``output`` is judged by the comparator of a low-bit profile (:data:`LOW_BIT`)."""
+def _low_bit(defn: SlotDef, profile: Profile, output: str) -> int:
+    """The significant bits of output rounding ``output``'s comparator must reject where it is a
+    low-bit profile's own (:data:`LOW_BIT`; ``SlotDef.low_bit_resolution``), else 0."""
     own = profile.comparator
-    return LOW_BIT in profile.tags and own is not None and (not isinstance(own, Mapping) or output in own)
+    judged = LOW_BIT in profile.tags and own is not None and (not isinstance(own, Mapping) or output in own)
+    return defn.low_bit_resolution if judged else 0
+
+
+def _judges_ulps(comparator: Any) -> bool:
+    """Whether ``comparator`` (or a part of it) judges precision in output ulps (an ``AllClose`` with ``ulps``)."""
+    parts = comparator.parts if isinstance(comparator, AllOf) else (comparator,)
+    return any(isinstance(p, AllClose) and p.ulps is not None for p in parts)
 
 
 def _judge(defn: SlotDef, profile: Profile, case: Case, expected: dict, outputs: dict[str, torch.Tensor]) -> tuple[float, str, str]:
@@ -231,7 +252,8 @@ def oracle_profile(defn: SlotDef, profile: Profile, seed: int = 0) -> ProfileOra
     for name, spec in specs.items():
         ref = canonical_expected(expected[name])
         selection = _selection_only(defn.comparator_for(name, profile)) is not None
-        for kind, wrong in battery(case, ref, spec.dtype, selection, _low_bit(profile, name)):
+        ulps = _judges_ulps(defn.comparator_for(name, profile))
+        for kind, wrong in battery(case, ref, spec.dtype, selection, _low_bit(defn, profile, name), ulps):
             judge(kind, name, {**canon, name: wrong.to(spec.dtype)})
     for near in defn.near_misses:
         outs = near.outputs(clone_case(case))
