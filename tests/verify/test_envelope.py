@@ -31,6 +31,7 @@ def test_boundaries_are_valid_cases_at_their_size(slot):
         case = make_case(defn, b.profile, 0, 0)
         desc = describe(defn, case, b.profile, "cpu")
         assert desc.get(b.field) == b.value, (b.profile.name, desc.get(b.field))
+        assert b.joint is None or desc.get(b.joint[0]) == b.joint[1], (b.profile.name, b.joint)
 
 
 def test_envelope_fields_limit_the_extended_fields_and_are_checked(capsys):
