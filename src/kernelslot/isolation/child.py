@@ -56,6 +56,7 @@ from kernelslot.isolation import numeric_state  # noqa: E402
 from kernelslot.isolation.observe import argument_meta, identity, short_repr  # noqa: E402
 from kernelslot.isolation.scratch import poisoned_scratch  # noqa: E402
 
+FDS_PER_MESSAGE = 200  # descriptors per SCM_RIGHTS message (the kernel takes at most 253)
 _MEMORY_MARKERS = ("MemoryError", "not enough memory", "can't allocate memory", "std::bad_alloc", "out of memory")
 
 
@@ -92,15 +93,17 @@ class _Worker:
         self.kernels: dict[Any, tuple[Any, Any]] = {}  # KernelSource -> (entry, prepare)
         self.state_changed: list[str] = []  # numeric state changed since the last prepare/call reply
         self.state_unrestored: list[str] = []
+        self.staged: dict[str, Any] | None = None  # the batch between stage_batch and report_staged
 
     # -- bookkeeping -------------------------------------------------------------------------
     def register(self, entries: list) -> None:
         wanted = sum(e[0] == "fd" for e in entries)
         fds: list[int] = []
-        if wanted:
-            _, fds, _, _ = socket.recv_fds(self.fd_sock, 1, wanted)
-            if len(fds) != wanted:
+        while len(fds) < wanted:  # in messages of at most FDS_PER_MESSAGE descriptors each
+            _, got, _, _ = socket.recv_fds(self.fd_sock, 1, min(FDS_PER_MESSAGE, wanted - len(fds)))
+            if not got:
                 raise RuntimeError(f"expected {wanted} storage descriptors, received {len(fds)}")
+            fds.extend(got)
         for entry in entries:
             kind, key = entry[0], entry[1]
             if kind == "fd":
@@ -164,6 +167,12 @@ class _Worker:
             return {"error": text, "cause": "out_of_memory" if memory_error_text(text) else "load_failed"}
         if msg["op"] == "prepare":
             return self.prepare(prepare, args, msg["handle"])
+        if msg["op"] == "stage_batch":
+            return self.stage_batch(entry, args, msg["check"])
+        if msg["op"] == "run_staged":
+            return self.run_staged()
+        if msg["op"] == "report_staged":
+            return self.report_staged()
         if msg.get("private"):
             return self.call_private(entry, args, msg["check"], bool(msg.get("scratch")))
         return self.call(entry, args, msg["check"], bool(msg.get("scratch")))
@@ -192,6 +201,57 @@ class _Worker:
         for shared, mine in pairs:
             shared.copy_(mine)
         return reply
+
+    # -- a timed batch in three requests: stage (untimed), run (timed by the referee), report (untimed) --
+    def stage_batch(self, entry: Any, batch: list, check: bool) -> dict:
+        """Hold ``batch``'s argument lists and their identities before anything runs."""
+        tensors = [[(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)] for args in batch]
+        self.staged = {"entry": entry, "batch": batch, "tensors": tensors, "check": check, "ran": [],
+                       "before": [{i: identity(t) for i, t in ts} for ts in tensors],
+                       "uses": [{i: torch._C._storage_Use_Count(t.untyped_storage()._cdata) for i, t in ts} if check else {}
+                                for ts in tensors]}
+        return {"staged": len(batch)}
+
+    def run_staged(self) -> dict:
+        """Every staged call back to back and nothing else; stops after a call that raises."""
+        staged = self.staged
+        if staged is None:
+            return {"error": "run_staged without a staged batch", "cause": "protocol"}
+        entry, ran = staged["entry"], staged["ran"]
+        for args in staged["batch"]:
+            ran.append(_call_entry(entry, args))
+            if ran[-1][1] is not None:
+                break
+        if any(t.is_cuda for ts in staged["tensors"] for _, t in ts):
+            torch.cuda.synchronize()
+        return {"ran": len(ran)}
+
+    def report_staged(self) -> dict:
+        """What each call of the batch that ran returned and left, as :meth:`call` reports it."""
+        staged, self.staged = self.staged, None
+        if staged is None:
+            return {"error": "report_staged without a staged batch", "cause": "protocol"}
+        calls = []
+        for k, (result, err, elapsed) in enumerate(staged.pop("ran")):
+            args, tensors = staged["batch"][k], staged["tensors"][k]
+            reply: dict[str, Any] = {"worker_ns": elapsed, "returned": None if result is None else short_repr(result)}
+            del result
+            if err is not None:
+                reply.update(error=err, cause="out_of_memory" if memory_error_text(err) else "exception")
+            reply["meta"] = argument_meta(len(args), tensors, staged["before"][k], self.locate, self.storages)
+            if staged["check"]:
+                uses = staged["uses"][k]
+                reply["retained"] = [i for i, t in tensors if torch._C._storage_Use_Count(t.untyped_storage()._cdata) > uses[i]]
+            calls.append(reply)
+        if any(c.get("retained") for c in calls):  # a reference cycle may still hold a view: collect, then look again
+            import gc
+
+            gc.collect()
+            for k, c in enumerate(calls):
+                uses = staged["uses"][k]
+                c["retained"] = [i for i, t in staged["tensors"][k]
+                                 if torch._C._storage_Use_Count(t.untyped_storage()._cdata) > uses[i]]
+        return {"calls": calls}
 
     def call(self, entry: Any, args: list, check: bool, scratch: bool = False) -> dict:
         """``entry(*args)``; ``scratch``: poison the allocators' freed memory right before (isolation/scratch.py)."""

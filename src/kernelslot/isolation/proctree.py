@@ -131,3 +131,40 @@ def thread_cpu_ns(pid: int) -> dict[int, tuple[int, str]]:
         comm = (read(f"/proc/{pid}/task/{tid}/comm") or "?").strip()
         out[int(tid)] = (ns, comm)
     return out
+
+
+def stop(pids: list[int], timeout_s: float = 1.0) -> list[int]:
+    """SIGSTOP each of ``pids`` and wait until every thread of each is stopped; the pids signalled.
+
+    Waiting matters: a stop is delivered asynchronously, and a thread still running would compete
+    for the CPU with whatever is timed next. Gone processes are skipped.
+    """
+    import signal
+    import time
+
+    sent = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            sent.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + timeout_s
+    for pid in sent:
+        while time.monotonic() < deadline:
+            states = [read(f"/proc/{pid}/task/{t}/stat") for t in _tasks(pid)]
+            if all(s is None or s.rsplit(")", 1)[-1].split()[0] in "tTXZ" for s in states):
+                break
+            time.sleep(0.0002)
+    return sent
+
+
+def resume(pids: list[int]) -> None:
+    """SIGCONT each of ``pids`` (gone ones are skipped)."""
+    import signal
+
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass

@@ -105,6 +105,24 @@ class Runner(ABC):
         (``isolation/scratch.py``), so scratch the candidate reads without writing holds garbage.
         """
 
+    @abstractmethod
+    def call_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True
+                   ) -> tuple[list[CallObservation], float]:
+        """Call ``kernel.entry`` once per argument list of ``batch``, back to back in one request to
+        where candidates run (the timed calls: one round trip's cost spread over many calls).
+
+        Every call is observed as by :meth:`call` (its ``worker_s`` where the runner measures one);
+        the second value is the batch's time on the referee's clock divided by ``len(batch)``. The
+        batch stops at the first call that raises; the observations then end there.
+        """
+
+    def freeze(self) -> None:
+        """Stop every process where this runner runs candidate code, so none of it runs while
+        another runner's calls are timed (a no-op where candidate code runs in this process)."""
+
+    def thaw(self) -> None:
+        """Resume what :meth:`freeze` stopped (a no-op when nothing is stopped)."""
+
     def close(self) -> None:
         """Release resources (worker processes)."""
 
@@ -142,8 +160,6 @@ class InProcessRunner(Runner):
 
     def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False,
              scratch: bool = False) -> CallObservation:
-        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        before = {i: storage_use_count(t) for i, t in tensors} if check_retention else {}
         obs = CallObservation()
         with numeric_state.Guard() as guard:
             try:
@@ -151,19 +167,47 @@ class InProcessRunner(Runner):
             except RunnerError as exc:
                 obs.error = str(exc)
                 return obs
-            start = time.perf_counter()
-            try:
-                with poisoned_scratch() if scratch else contextlib.nullcontext():
-                    result = entry(*args)
-                if result is not None:
-                    obs.returned = short_repr(result)
-                del result
-            except Exception:
-                obs.error, obs.cause = traceback.format_exc(limit=8), "exception"
-            if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
-                torch.cuda.synchronize()
-            obs.elapsed_s = time.perf_counter() - start
+            self._call_one(kernel, entry, args, check_retention, scratch, obs)
         obs.state_changed = [state_changed_text(guard.changed, guard.unrestored)] if guard.changed else []
+        return obs
+
+    def call_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True
+                   ) -> tuple[list[CallObservation], float]:
+        observations: list[CallObservation] = []
+        with numeric_state.Guard() as guard:
+            try:
+                entry, _ = self._callables(kernel)
+            except RunnerError as exc:
+                return [CallObservation(error=str(exc))], 0.0
+            for args in batch:
+                obs = self._call_one(kernel, entry, args, check_retention, False, CallObservation())
+                observations.append(obs)
+                if obs.error:
+                    break
+            mean = sum(o.elapsed_s for o in observations) / len(observations)  # the entries' own time: no round trip here
+        changed = [state_changed_text(guard.changed, guard.unrestored)] if guard.changed else []
+        for obs in observations:
+            obs.state_changed = changed
+        return observations, mean
+
+    @staticmethod
+    def _call_one(kernel: Kernel, entry: Callable, args: Sequence[Any], check_retention: bool, scratch: bool,
+                  obs: CallObservation) -> CallObservation:
+        """One call of ``entry`` and what it left (``elapsed_s``: the entry's own time)."""
+        tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        before = {i: storage_use_count(t) for i, t in tensors} if check_retention else {}
+        start = time.perf_counter()
+        try:
+            with poisoned_scratch() if scratch else contextlib.nullcontext():
+                result = entry(*args)
+            if result is not None:
+                obs.returned = short_repr(result)
+            del result
+        except Exception:
+            obs.error, obs.cause = traceback.format_exc(limit=8), "exception"
+        if args and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
+            torch.cuda.synchronize()
+        obs.elapsed_s = time.perf_counter() - start
         obs.aot_evidence = list(getattr(entry, "take_evidence", list)())
         judge_direct_evidence(kernel, obs)
         obs.meta_after = [TensorMeta.of(a) if isinstance(a, torch.Tensor) else None for a in args]
@@ -173,4 +217,3 @@ class InProcessRunner(Runner):
                 gc.collect()
                 obs.retained = [i for i, t in tensors if storage_use_count(t) > before[i]]
         return obs
-

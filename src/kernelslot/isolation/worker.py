@@ -46,6 +46,8 @@ from typing import Any, Sequence
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef, reduce_tensor
 
+from kernelslot.isolation import proctree
+from kernelslot.isolation.child import FDS_PER_MESSAGE
 from kernelslot.isolation.observe import bits_equal, translate_meta
 from kernelslot.isolation.process import Contained, Limits, Watch, WorkerProcess, Zygote
 from kernelslot.isolation.runner import (CallObservation, GlobalStateChanged, Runner, RunnerError, judge_direct_evidence,
@@ -138,6 +140,7 @@ class WorkerRunner(Runner):
         self._visible: set[str] = set()  # bundle paths under the sandbox's private /tmp, shown read-only
         self._unavailable: dict[KernelSource, str] = {}  # sources that failed to load or timed out: why
         self.restarts = 0  # workers replaced after a contained failure
+        self._frozen: list[int] = []  # workers stopped by freeze(), resumed by thaw() (and before every request)
         self._live: list[WorkerProcess] = []
         self._zygotes: list[Zygote] = []
         self._finalizer = weakref.finalize(self, WorkerRunner._cleanup, self._live, self._zygotes,
@@ -159,6 +162,7 @@ class WorkerRunner(Runner):
             return None
 
     def prepare(self, kernel: Kernel, prepare_args: Sequence[Any]) -> PreparedHandle:
+        self.thaw()
         try:
             source = kernel.origin()
             if source.prepare is None:
@@ -186,6 +190,7 @@ class WorkerRunner(Runner):
     def call(self, kernel: Kernel, args: Sequence[Any], *, check_retention: bool = True, private: bool = False,
              scratch: bool = False) -> CallObservation:
         """Call ``entry`` in the worker. ``check_retention`` also enables the settle re-read."""
+        self.thaw()
         obs = CallObservation()
         proc = None
         try:
@@ -207,6 +212,60 @@ class WorkerRunner(Runner):
             self._discard()
         return obs
 
+    def call_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True
+                   ) -> tuple[list[CallObservation], float]:
+        """The batch in three requests: ``stage_batch`` hands over the argument lists (untimed),
+        ``run_staged`` makes the calls back to back (the referee's clock: this request's round trip),
+        ``report_staged`` brings back what each call returned and left (untimed). Then one settle
+        window over every argument of the batch (a late write or busy thread fails the last call)."""
+        self.thaw()
+        observations: list[CallObservation] = []
+        proc = None
+        try:
+            source = kernel.origin()
+            proc = self._worker_for(source)
+            staged, _ = self._request(proc, "stage_batch", source, [list(a) for a in batch], self.call_timeout_s,
+                                      check=check_retention)
+            if "error" in staged:
+                raise Contained(str(staged.get("cause") or "load_failed"), str(staged["error"]).strip() or "staging failed")
+            ran, elapsed = self._request(proc, "run_staged", source, [], self.call_timeout_s)
+            state = self._state_changed(ran) if ran.get("global_state") else []
+            reply, _ = self._request(proc, "report_staged", source, [], self.call_timeout_s)
+            calls = reply.get("calls")
+            if not isinstance(calls, list) or not 1 <= len(calls) <= len(batch):
+                raise Contained("protocol", f"the worker answered a batch of {len(batch)} calls with "
+                                            f"{len(calls) if isinstance(calls, list) else 'no'} observations", elapsed)
+            for one, args in zip(calls, batch):
+                obs = CallObservation(elapsed_s=elapsed)  # the whole request bounds each in-worker time
+                if not isinstance(one, dict):
+                    raise Contained("protocol", "a batch observation is not an object", elapsed)
+                self._observe(one, args, obs)
+                judge_direct_evidence(kernel, obs)
+                obs.elapsed_s, obs.state_changed = elapsed / len(calls), state
+                observations.append(obs)
+        except Contained as c:
+            observations.append(CallObservation(error=f"{c.message}\n[{c.cause}] {c.message.splitlines()[0]}", cause=c.cause,
+                                                elapsed_s=c.elapsed_s))
+        except ValueError as exc:
+            observations.append(CallObservation(error=f"[load_failed] {exc}", cause="load_failed"))
+        except RunnerError as exc:
+            observations.append(CallObservation(error=f"[start_failed] {exc}", cause="start_failed"))
+        last = observations[-1]
+        if last.error is None and check_retention and self.settle_s > 0 and proc is self._proc:
+            self._settle(proc, [a for args in batch for a in args], last)
+        if last.cause in RESTART_CAUSES:
+            self._discard()
+        return observations, (observations[0].elapsed_s if observations else 0.0)
+
+    def freeze(self) -> None:
+        """SIGSTOP every worker of this runner and wait until each of its threads is stopped."""
+        self._frozen = proctree.stop([p.pid for p in self._live if p.pid]) if self._live else []
+
+    def thaw(self) -> None:
+        if self._frozen:
+            proctree.resume(self._frozen)
+            self._frozen = []
+
     def incumbent_runner(self) -> Runner:
         """A sibling runner for the incumbent, in a sandbox of its own, so a candidate cannot reach it."""
         if self._incumbent is None:
@@ -219,6 +278,7 @@ class WorkerRunner(Runner):
         return self._incumbent
 
     def close(self) -> None:
+        self.thaw()
         self._proc = self._spare = self._zygote = None
         if self._incumbent is not None:
             self._incumbent.close()
@@ -409,8 +469,8 @@ class WorkerRunner(Runner):
         start = _clock()
         try:
             proc.conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
-            if fds:
-                socket.send_fds(proc.fd_sock, [b"F"], fds)
+            for i in range(0, len(fds), FDS_PER_MESSAGE):
+                socket.send_fds(proc.fd_sock, [b"F"], fds[i:i + FDS_PER_MESSAGE])
             try:
                 answered = self._watch.wait(proc, self._worker_pids() - {proc.pid}, timeout, start)
             except Contained:

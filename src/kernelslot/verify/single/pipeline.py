@@ -27,7 +27,7 @@ from kernelslot.verify.cases import (call_args, clone_case, describe, make_case,
 from kernelslot.verify.checks import CALL_CHECKS, bits_equal, check_call, check_inputs, finish_checks, snapshot
 from kernelslot.verify.envelope import boundary_profiles, verified_envelope
 from kernelslot.verify.options import Progress, VerifyOptions
-from kernelslot.verify.plan import TIMED_DRAW, CallPlan, PlannedCall, Planner, TimingPlan, planner_for
+from kernelslot.verify.plan import CallPlan, PlannedCall, Planner, TimingPlan, planner_for
 from kernelslot.verify.verdict import FAIL, Check, ProfileResult, SlotReport, traceback_summary
 
 __all__ = ["ProfileRun", "verify_single", "plan_for", "unexercised_domain"]
@@ -202,49 +202,10 @@ class ProfileRun:
             self._time(self.plan.timing)
 
     def _time(self, plan: TimingPlan) -> None:
-        """Candidate and incumbent alternate (ABAB) on the same fresh inputs; every candidate call,
-        warm-ups included, is refilled, poisoned and checked outside its timed window; a time below the
-        call's physics floor (verify/single/roofline.py) fails ``time_impossible``."""
-        from kernelslot.verify.single import roofline
-        from kernelslot.verify.single.timing import impossible_message, time_interleaved
+        """Candidate and incumbent side by side (verify/single/timed.py); every timed call is checked."""
+        from kernelslot.verify.single.timed import time_profile
 
-        incumbent = self.defn.incumbent_for(self.desc)
-        trusted = inc_args = None
-        if incumbent.entry is not self.cand.kernel.entry:
-            trusted, inc_args = self.runner.incumbent_runner(), list(self.args)
-            if self.defn.slot.needs_prepare:
-                try:
-                    inc_prepared = trusted.prepare(incumbent, self.case.prepare_args)
-                except RunnerError as exc:
-                    self.result.record(Check.RAISED, FAIL, f"timing: the incumbent's prepare failed: {exc}")
-                    return
-                inc_args = [inc_prepared if a.role is Role.PREPARED else v for a, v in zip(self.defn.slot.args, self.args)]
-
-        traffic: dict[int, Any] = {}
-
-        def candidate(i: int) -> CallObservation | None:
-            call = PlannedCall(TIMED_DRAW + i, "full", plan.poisons[i], pick=plan.picks[i])
-            self.ref_case = refill_live(self.defn, self.profile, self.seed, call.draw, self.case, self.ref_case)
-            traffic[i] = self.defn.traffic(self.ref_case)
-            return self._one_call(call, self.outputs, self.args, "timed call: ")
-
-        def incumbent_call(i: int) -> CallObservation:
-            for alloc in self.outputs.values():
-                alloc.poison(finite=plan.poisons[i] == "sentinel")
-            return trusted.call(incumbent, inc_args, check_retention=False)
-
-        def floor(i: int, fresh: bool) -> roofline.Floor:
-            return roofline.floor(traffic[i], self.device, fresh)
-
-        try:
-            self.result.timing = t = time_interleaved(plan, candidate, incumbent_call if trusted is not None else None, floor)
-        except RunnerError as exc:
-            self.result.record(Check.RAISED, FAIL, f"timing: {exc}")
-            return
-        if t:
-            self.performed.add(Check.TIME_IMPOSSIBLE)
-        if t.get("impossible"):
-            self.result.record(Check.TIME_IMPOSSIBLE, FAIL, impossible_message(t))
+        time_profile(self, plan)
 
     def _args(self, case: Case, outputs: dict, prepared: Any) -> list[Any]:
         def other(a: Arg) -> Any:
@@ -257,7 +218,7 @@ class ProfileRun:
         """The reference outputs: a tensor, or an admissible set (``abi.comparators.Admissible``) per output."""
         return self.defn.reference(clone_case(ref_case))
 
-    def compare(self, outputs: dict, expected: dict, label: str, check: str) -> bool:
+    def compare(self, outputs: dict, expected: dict, label: str, check: str, ref_case: Case | None = None) -> bool:
         ok = True
         for out_name, alloc in outputs.items():
             actual = alloc.view.detach().cpu()
@@ -267,7 +228,7 @@ class ProfileRun:
             self.result.metrics[key] = min(self.result.metrics.get(key, verdict.value), verdict.value)  # worst call
             if not verdict.passed:
                 near = None if self.result.failures() else (  # the first failure only: near-misses cost references
-                    self.defn.near_miss_matching(clone_case(self.ref_case), out_name, actual, self.profile))
+                    self.defn.near_miss_matching(clone_case(ref_case or self.ref_case), out_name, actual, self.profile))
                 why = f"; it matches the reference with {near}" if near else ""  # the slot's named mistake
                 self.result.record(check, FAIL, f"{label}{out_name}: {verdict.describe()}{why}")
                 ok = False
@@ -285,38 +246,48 @@ class ProfileRun:
                   judge: Callable[[dict, str], bool] | None = None) -> CallObservation | None:
         """Make ``call`` on the inputs the case holds now and check it; its observation, or None on a failure.
         ``judge(outputs, label)``: the verdict of a state step (determinism, metamorphic), made before the comparison."""
-        label = call.label if label is None else label
-        case, arg_names = self.case, [a.name for a in self.defn.slot.args]
+        armed = self._arm(call, self.case, outputs)
+        obs = self.runner.call(self.cand.kernel, args, **({"private": True} if call.private else {}),
+                               **({"scratch": True} if call.scratch else {}))
+        return obs if self._judge(call, obs, self.case, self.ref_case, outputs, armed, label, judge) else None
+
+    def _arm(self, call: PlannedCall, case: Case, outputs: dict) -> tuple[dict, dict]:
+        """Before a call: the inputs' snapshot, the outputs poisoned (not a plain call's) and their identities."""
         in_snap = snapshot(case.inputs)
-        input_meta = {k: m for k, (_, m) in in_snap.items()}
         if not call.plain:
             for alloc in outputs.values():
                 alloc.poison(finite=call.poison == "sentinel")
-        out_meta = {n: TensorMeta.of(a.view) for n, a in outputs.items()}
-        obs = self.runner.call(self.cand.kernel, args, **({"private": True} if call.private else {}),
-                               **({"scratch": True} if call.scratch else {}))
+        return in_snap, {n: TensorMeta.of(a.view) for n, a in outputs.items()}
+
+    def _judge(self, call: PlannedCall, obs: CallObservation, case: Case, ref_case: Case, outputs: dict,
+               armed: tuple[dict, dict], label: str | None = None, judge: Callable[[dict, str], bool] | None = None) -> bool:
+        """Every check of one call made on ``case`` (whose reference inputs are ``ref_case``); True when all passed."""
+        label = call.label if label is None else label
+        in_snap, out_meta = armed
+        input_meta = {k: m for k, (_, m) in in_snap.items()}
         self.performed.add(Check.INPUT_MUTATED)
         inputs_ok = check_inputs(self.result, case.inputs, in_snap, label)
         inputs_ok &= check_inputs(self.result, tensors_in(case.prepare_args), self.prep_snap, label + "weights: ")
-        expected = self.expected(self.ref_case)  # only after the call: nothing to find while it runs
+        expected = self.expected(ref_case)  # only after the call: nothing to find while it runs
         # a call that never ran checks nothing; both runners compare the numeric state around every call
         self.performed.update(CALL_CHECKS + (Check.GLOBAL_STATE_CHANGED,) if obs.error is None else (Check.RAISED,))
         # a state step's verdict first: NaN from poisoned scratch in an output is its finding, not only poison_left
         judged = judge(outputs, label) if judge is not None and obs.error is None else True
-        usable = check_call(self.result, obs, arg_names, list(outputs), outputs, out_meta, input_meta, label)
+        usable = check_call(self.result, obs, [a.name for a in self.defn.slot.args], list(outputs), outputs, out_meta,
+                            input_meta, label)
         if not usable:
-            return None
+            return False
         # the plain and timed calls are replays too; a re-prepared call's comparison is its own check
         check = Check.REPREPARE if call.refill == "reprepare" else Check.REPLAY if call.draw else Check.COMPARE
         self.performed.add(check)
-        compared = self.compare(outputs, expected, label, check)
+        compared = self.compare(outputs, expected, label, check, ref_case)
         if self.defn.audit is not None:
             self.performed.add(Check.AUDIT)
-        audited = self.audit(self.ref_case, outputs, label)
+        audited = self.audit(ref_case, outputs, label)
         if not (inputs_ok and judged and compared and audited and not self.result.failures()):
-            return None
+            return False
         self._last = outputs
-        return obs
+        return True
 
     def _finish(self) -> None:
         """Every check not failed is recorded as passed if it was made, else skipped with why."""

@@ -1,0 +1,241 @@
+"""The timed calls of one profile run (``--time``): candidate and incumbent side by side, through
+identical runners, in batches of calls on inputs of their own.
+
+Methodology (the numbers: :mod:`kernelslot.verify.single.timing`):
+
+- **Identical runners.** The incumbent runs through ``runner.incumbent_runner()``: a sibling of
+  the candidate's runner of the same kind (a worker in a sandbox of its own, or in-process for an
+  in-process candidate), never the referee's own process for an isolated candidate. A built-in
+  timed against itself is the method's self-check: it must read x1.0 within noise.
+- **Batches.** One request runs ``n`` calls back to back, each on its own set of live inputs
+  (fresh values every repetition) and its own poisoned padded outputs, each checked afterwards
+  exactly like any replay; the referee's clock over the request, divided by ``n``, is a
+  repetition's time. ``n`` is calibrated on the *incumbent* alone before the pairs (single calls,
+  then batches of the size their figures suggest, :data:`CALIBRATION_ROUNDS` rounds) so that the request's own cost (round trip minus in-worker time) is at most
+  :data:`ROUNDTRIP_SHARE` of the work, within :data:`MAX_BATCH` calls, :data:`MAX_BATCH_BYTES` of
+  inputs and outputs and :data:`MAX_BATCH_S` at the slower side's time in the first warm-up pair
+  (made with single calls). In-process
+  there is no round trip: ``n`` is 1 and a call's time is the entry's own.
+- **The other side frozen.** While one side's batch runs, every process of the other side's
+  runner is stopped (SIGSTOP, waited for): a helper thread or a spinning thread pool of one side
+  cannot take the CPU from the other's timed calls.
+
+Set 0 of a batch is the profile run's own case; the other sets copy its live inputs into
+storages of their own. Each repetition draws set 0's live inputs afresh (``make_case``) and fills
+every other set with a random permutation of those values (floating-point inputs; integer inputs,
+such as expert ids, are copied), so every call works on values no other call of the batch saw.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+from typing import Any
+
+import torch
+
+from kernelslot.abi import Role, allocate_output
+from kernelslot.isolation.runner import CallObservation, Runner, RunnerError
+from kernelslot.slots.base import Case
+from kernelslot.verify.cases import refill_live, tensors_in
+from kernelslot.verify.plan import TIMED_DRAW, PlannedCall, TimingPlan
+from kernelslot.verify.single import roofline
+from kernelslot.verify.single.timing import impossible_message, time_interleaved
+from kernelslot.verify.verdict import FAIL, Check
+
+__all__ = ["time_profile", "batch_size", "batch_cap", "ROUNDTRIP_SHARE", "MAX_BATCH", "MAX_BATCH_BYTES", "MAX_BATCH_S"]
+
+ROUNDTRIP_SHARE = 0.05  # a request's own cost, at most this share of a batch's work
+MAX_BATCH = 1024  # calls per request
+MAX_BATCH_BYTES = 64 << 20  # live inputs and outputs of a batch's extra sets together
+MAX_BATCH_S = 0.25  # a batch takes at most about this long on the slower side's warm-up figure
+CALIBRATION_CALLS = 3  # incumbent requests per calibration round
+CALIBRATION_ROUNDS = 3  # rounds of sizing the batch on the incumbent's figures
+
+
+def batch_size(incumbent: list[CallObservation]) -> int:
+    """Calls per request for the incumbent's figures ``incumbent`` (observations of calls made in
+    batches): enough that the request's own cost (round trip less in-worker time) is at most
+    :data:`ROUNDTRIP_SHARE` of the batch's work, within :data:`MAX_BATCH`; 1 where no round trip is
+    measured (in-process: a call's time is the entry's own)."""
+    if any(o.worker_s is None or o.worker_s <= 0 for o in incumbent):
+        return 1
+    work = statistics.median(o.worker_s for o in incumbent)  # type: ignore[misc]
+    overhead = max(0.0, statistics.median(o.elapsed_s - o.worker_s for o in incumbent))  # type: ignore[operator]
+    return max(1, min(MAX_BATCH, math.ceil(overhead / (ROUNDTRIP_SHARE * work))))
+
+
+def batch_cap(candidate: CallObservation, incumbent: CallObservation, set_bytes: int) -> int:
+    """The most calls a request may make: :data:`MAX_BATCH_S` at the slower side's time per call (the
+    in-worker time where measured: a single call's round trip is mostly the request), and
+    :data:`MAX_BATCH_BYTES` of inputs and outputs. A candidate that under-reports its in-worker time
+    only makes its own batches longer (a timeout fails it); it cannot look faster."""
+    def per_call(o: CallObservation) -> float:
+        return o.worker_s if o.worker_s is not None else o.elapsed_s
+    slowest = max(per_call(candidate), per_call(incumbent), 1e-9)
+    return max(1, min(MAX_BATCH, int(MAX_BATCH_S / slowest), MAX_BATCH_BYTES // max(1, set_bytes)))
+
+
+def _twin(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in a storage of its own with the same size, offset and strides (the same layout)."""
+    storage = torch.empty(t.untyped_storage().nbytes(), dtype=torch.uint8, device=t.device).untyped_storage()
+    return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.shape, t.stride()).copy_(t)
+
+
+def _shuffled(values: dict[str, torch.Tensor], rng: random.Random) -> dict[str, torch.Tensor]:
+    """``values`` with every floating-point tensor's elements permuted (integer tensors copied)."""
+    out = {}
+    for name, t in values.items():
+        if t.dtype.is_floating_point and t.numel() > 1:
+            gen = torch.Generator().manual_seed(rng.getrandbits(63))
+            flat = t.contiguous().view(-1)
+            out[name] = flat[torch.randperm(flat.numel(), generator=gen)].view(t.shape)
+        else:
+            out[name] = t.clone()
+    return out
+
+
+class _Batch:
+    """The sets of inputs and outputs one request calls on, for the candidate and the incumbent."""
+
+    def __init__(self, run: Any, trusted: Runner, inc_prepared: Any):
+        self.run, self.trusted, self.inc_prepared = run, trusted, inc_prepared
+        self.live = run.case.live_names()
+        self.cases: list[Case] = [run.case]
+        self.refs: list[Case] = [run.ref_case]
+        self.outputs: list[dict] = [run.outputs]
+        self.args: list[list[Any]] = [run.args]
+        self.active = 1  # the sets the next request calls on (the first ``active``)
+
+    def set_bytes(self) -> int:
+        live = sum(t.untyped_storage().nbytes() for n in self.live for t in tensors_in(self.run.case.inputs[n]).values())
+        return live + sum(a.base.untyped_storage().nbytes() for a in self.run.outputs.values())
+
+    def grow(self, n: int) -> None:
+        """Make ``n`` sets active, allocating (and sharing) the ones that do not exist yet."""
+        run = self.run
+        self.active = n
+        while len(self.cases) < n:
+            inputs = {**run.case.inputs, **{k: _twin(run.case.inputs[k]) for k in self.live}}
+            case = dataclasses.replace(run.case, inputs=inputs)
+            outputs = {k: allocate_output(spec, run.device) for k, spec in run.case.outputs.items() if spec is not None}
+            run.runner.share([case.inputs[k] for k in self.live] + [a.base for a in outputs.values()])
+            self.cases.append(case)
+            self.refs.append(run.ref_case)
+            self.outputs.append(outputs)
+            self.args.append(run._args(case, outputs, run.prepared))
+
+    def refill(self, i: int, pick: int) -> None:
+        """Fresh live inputs for repetition ``i``: a new draw in set 0, permutations of it elsewhere."""
+        run = self.run
+        run.ref_case = self.refs[0] = refill_live(run.defn, run.profile, run.seed, TIMED_DRAW + i, run.case, run.ref_case)
+        rng = random.Random(pick)
+        base = {n: run.ref_case.inputs[n] for n in self.live}
+        for k in range(1, self.active):
+            now = _shuffled(base, rng)
+            for name, value in now.items():
+                self.cases[k].inputs[name].copy_(value)
+            self.refs[k] = dataclasses.replace(run.ref_case, inputs={**run.ref_case.inputs, **now})
+
+    def incumbent_args(self) -> list[list[Any]]:
+        args = self.args[:self.active]
+        if self.inc_prepared is None:
+            return args
+        return [[self.inc_prepared if a.role is Role.PREPARED else v for a, v in zip(self.run.defn.slot.args, one)]
+                for one in args]
+
+
+def _batch_observation(observations: list[CallObservation], mean: float) -> CallObservation:
+    """One repetition: the batch's referee time per call, and the mean in-worker time where measured."""
+    worker = [o.worker_s for o in observations]
+    return CallObservation(elapsed_s=mean, worker_s=statistics.fmean(worker) if all(w is not None for w in worker) else None)
+
+
+def time_profile(run: Any, plan: TimingPlan) -> None:
+    """Time ``run``'s candidate against the incumbent (a :class:`~kernelslot.verify.single.pipeline.ProfileRun`)
+    and record the figures in ``run.result.timing``; a check that fails ends the timing."""
+    incumbent = run.defn.incumbent_for(run.desc)
+    trusted = run.runner.incumbent_runner()
+    inc_prepared = None
+    if run.defn.slot.needs_prepare:
+        try:
+            inc_prepared = trusted.prepare(incumbent, run.case.prepare_args)
+        except RunnerError as exc:
+            run.result.record(Check.RAISED, FAIL, f"timing: the incumbent's prepare failed: {exc}")
+            return
+    batch = _Batch(run, trusted, inc_prepared)
+    traffic: dict[int, Any] = {}
+    first: dict[str, CallObservation] = {}
+    # the batch size, from the incumbent alone before the plan's pairs (trusted code, unchecked): single
+    # calls first, then batches of the size they suggest, re-sized on what those show
+    run.runner.freeze()
+    try:
+        size = 1
+        for _ in range(CALIBRATION_ROUNDS):
+            batch.grow(size)
+            seen = []
+            for _ in range(CALIBRATION_CALLS):
+                observations, mean = trusted.call_batch(incumbent, batch.incumbent_args(), check_retention=False)
+                if observations[-1].error:
+                    raise RunnerError(f"the incumbent failed: {observations[-1].error.strip().splitlines()[-1]}")
+                seen.append(_batch_observation(observations, mean))
+            size = batch_size(seen)
+            if size == batch.active:
+                break
+    except RunnerError as exc:
+        run.runner.thaw()
+        run.result.record(Check.RAISED, FAIL, f"timing: {exc}")
+        return
+    trusted.freeze()
+    wanted = size
+    batch.grow(1)  # the candidate's first warm-up call is a single call: its time caps the batch
+
+    def candidate(i: int) -> CallObservation | None:
+        call = PlannedCall(TIMED_DRAW + i, "full", plan.poisons[i], pick=plan.picks[i])
+        batch.refill(i, plan.picks[i])
+        traffic[i] = run.defn.traffic(run.ref_case)
+        n = batch.active
+        armed = [run._arm(call, batch.cases[k], batch.outputs[k]) for k in range(n)]
+        trusted.freeze()
+        observations, mean = run.runner.call_batch(run.cand.kernel, batch.args[:n])
+        for k, obs in enumerate(observations):
+            label = "timed call: " if n == 1 else f"timed call ({k + 1} of a batch of {n}): "
+            if not run._judge(call, obs, batch.cases[k], batch.refs[k], batch.outputs[k], armed[k], label):
+                return None
+        if len(observations) < n:  # the worker answered fewer calls than it was given
+            run.result.record(Check.RAISED, FAIL, f"timing: the batch stopped after {len(observations)} of {n} calls")
+            return None
+        first.setdefault("candidate", observations[0])
+        return _batch_observation(observations, mean)
+
+    def incumbent_call(i: int) -> CallObservation:
+        for outs in batch.outputs[:batch.active]:
+            for alloc in outs.values():
+                alloc.poison(finite=plan.poisons[i] == "sentinel")
+        run.runner.freeze()
+        observations, mean = trusted.call_batch(incumbent, batch.incumbent_args(), check_retention=False)
+        trusted.freeze()
+        if observations[-1].error:
+            return observations[-1]
+        if i == 0:  # after the first warm-up pair: the calibrated size, within what the slower side allows
+            batch.grow(min(wanted, batch_cap(first["candidate"], observations[0], batch.set_bytes())))
+        return _batch_observation(observations, mean)
+
+    def floor(i: int, fresh: bool) -> roofline.Floor:
+        return roofline.floor(traffic[i], run.device, fresh)
+
+    try:
+        t = time_interleaved(plan, candidate, incumbent_call, floor)
+    except RunnerError as exc:
+        run.result.record(Check.RAISED, FAIL, f"timing: {exc}")
+        return
+    finally:
+        run.runner.thaw()
+        trusted.thaw()
+    if t:
+        t["batch"] = float(batch.active)
+        run.result.timing = t
+        run.performed.add(Check.TIME_IMPOSSIBLE)
+    if t.get("impossible"):
+        run.result.record(Check.TIME_IMPOSSIBLE, FAIL, impossible_message(t))
