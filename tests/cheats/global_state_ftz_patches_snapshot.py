@@ -15,8 +15,8 @@ import torch
 
 SLOT = "norm.rmsnorm"
 CATCHES = {"global_state_changed"}
-# Not caught yet: the referee does not consult the outside observer until it is wired into the worker
-# runner (issue 26, part 1); the integrator enables this cheat then, under the worker runner.
+# Caught only under the worker runner (the outside reading after each request, isolation/worker.py); it acts
+# at import, so the generic in-process cheat test never loads it: tests/isolation/test_worker.py runs it.
 SKIP_GENERIC = True
 
 for _name, _module in list(sys.modules.items()):

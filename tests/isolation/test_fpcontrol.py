@@ -382,7 +382,8 @@ def test_a_sandboxed_process_hiding_flush_to_zero_from_its_snapshot_is_seen(mode
 def test_a_worker_running_the_cheat_is_silent_inside_and_seen_outside():
     """The real worker (make_runner(True): zygote, sandbox, PR_SET_DUMPABLE 0) loads
     tests/cheats/global_state_ftz_patches_snapshot.py: the worker's own check reports nothing, the
-    observer sees flush-to-zero on the worker's main thread; the incumbent's worker reads clean."""
+    runner's outside reading sees flush-to-zero on the worker's main thread (and replaces the worker);
+    the next worker reads clean."""
     from kernelslot.slots import Kernel, get_slot
     from kernelslot.slots.base import KernelSource
     from kernelslot.isolation import make_runner
@@ -394,11 +395,12 @@ def test_a_worker_running_the_cheat_is_silent_inside_and_seen_outside():
     try:
         runner.share([x, w, out])
         obs = runner.call(cheat, [x, w, out, 1e-6])
-        assert obs.error is None and obs.state_changed == [], (obs.error, obs.state_changed)  # hidden from the worker
-        r = observe(runner._proc.pid)
-        _require_ptrace(r)
-        main = r.threads[runner._proc.pid]
-        assert "flush-to-zero on; denormals-are-zero on" in describe_control(main.control), r.describe()
+        if runner.fp_unobserved:
+            pytest.skip(f"ptrace refused here: {runner.fp_unobserved}")
+        assert obs.error is None and len(obs.state_changed) == 1, (obs.error, obs.state_changed)
+        text = obs.state_changed[0]
+        assert "read from outside the worker" in text and "own snapshot reported no change" in text, text
+        assert "flush-to-zero off -> on, denormals-are-zero off -> on" in text, text
         honest = runner.call(get_slot("norm.rmsnorm").incumbent, [x, w, out, 1e-6])  # another source: a fresh worker
         assert honest.error is None
         clean = observe(runner._proc.pid)

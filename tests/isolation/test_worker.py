@@ -284,3 +284,23 @@ def test_a_torch_pool_spinning_down_after_return_is_not_work_after_return(monkey
     with WorkerRunner(call_timeout_s=10.0) as worker:
         report = verify_slot(get_slot("activation.silu_and_mul"), cand, ONE_PROFILE, runner=worker)
     assert report.passed, [(c.name, c.message[:300]) for r in report.results for c in r.failures()]
+
+
+def test_ftz_hidden_from_the_in_worker_snapshot_is_read_from_outside(runner):
+    """The cheat replaces the worker's own numeric-state snapshot; the referee's reading of every
+    worker thread's MXCSR / FPCR (ptrace, isolation/fpcontrol.py) still fails it."""
+    from kernelslot.isolation import fpcontrol
+
+    if fpcontrol.ARCH not in ("x86_64", "aarch64"):
+        pytest.skip(f"no floating-point control register reader for {fpcontrol.ARCH}")
+    if runner.fp_unobserved:
+        pytest.skip(f"this machine refuses the outside reading: {runner.fp_unobserved}")
+    path = CHEATS_DIR / "global_state_ftz_patches_snapshot.py"
+    cand = Candidate(Kernel(None, None, name="ftz", source=KernelSource(entry="entry", file=str(path))))
+    report = verify_slot(get_slot("norm.rmsnorm"), cand, ONE_PROFILE, runner=runner)
+    got = report.results[0].check("global_state_changed")
+    assert got is not None and got.status == "fail", report.results[0].failures()
+    assert "read from outside the worker" in got.message and "flush-to-zero off -> on" in got.message, got.message
+    assert "own snapshot reported no change" in got.message
+    defn = get_slot("norm.rmsnorm")
+    assert verify_slot(defn, Candidate(defn.incumbent), ONE_PROFILE, runner=runner).passed  # the next worker is clean

@@ -146,6 +146,7 @@ class WorkerProcess:
         self.prepared: set[int] = set()
         self.loaded: set[object] = set()  # KernelSources imported in this worker
         self.shared_bytes = 0  # bytes of the referee's storages this worker maps
+        self.fp: object | None = None  # the last outside reading of its threads' FP control (isolation/fpcontrol.py)
         self.log_path = os.path.join(log_dir, f"worker-{generation}.log")
         self.exitcode: int | None = None
         parent, child = socket.socketpair()

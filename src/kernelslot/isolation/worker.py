@@ -46,7 +46,7 @@ from typing import Any, Sequence
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef, reduce_tensor
 
-from kernelslot.isolation import proctree
+from kernelslot.isolation import fpcontrol, proctree
 from kernelslot.isolation.child import FDS_PER_MESSAGE
 from kernelslot.isolation.observe import bits_equal, translate_meta
 from kernelslot.isolation.process import Contained, Limits, Watch, WorkerProcess, Zygote
@@ -141,6 +141,7 @@ class WorkerRunner(Runner):
         self._unavailable: dict[KernelSource, str] = {}  # sources that failed to load or timed out: why
         self.restarts = 0  # workers replaced after a contained failure
         self._frozen: list[int] = []  # workers stopped by freeze(), resumed by thaw() (and before every request)
+        self.fp_unobserved: str | None = None  # why a worker's FP state could not be read from outside, if it could not
         self._live: list[WorkerProcess] = []
         self._zygotes: list[Zygote] = []
         self._finalizer = weakref.finalize(self, WorkerRunner._cleanup, self._live, self._zygotes,
@@ -182,6 +183,10 @@ class WorkerRunner(Runner):
         if reply.get("global_state"):
             changed = self._state_changed(reply)
             raise GlobalStateChanged("prepare(): " + changed[0])
+        outside = self._fp_changes(proc)
+        if outside:
+            self._discard()
+            raise GlobalStateChanged("prepare(): " + self._outside_text(outside, False))
         proc.prepared.add(key)
         handle = PreparedHandle(key, proc.generation, kernel.name or source.entry)
         weakref.finalize(handle, self._dead_prepared.append, key)
@@ -208,9 +213,53 @@ class WorkerRunner(Runner):
             obs.error, obs.cause = f"[start_failed] {exc}", "start_failed"
         if obs.error is None and check_retention and self.settle_s > 0 and proc is self._proc:
             self._settle(proc, args, obs)
+        self._judge_outside(proc, obs)
         if obs.cause in RESTART_CAUSES:
             self._discard()
         return obs
+
+    # -- numeric state read from outside the worker (isolation/fpcontrol.py) ---------------------
+    def _fp_baseline(self, proc: WorkerProcess) -> None:
+        """The first outside reading of a fresh worker (before it imports a candidate); when the
+        kernel refuses the reading, the in-worker snapshot is the only signal (``fp_unobserved``)."""
+        reading = fpcontrol.observe(proc.pid)
+        proc.fp = reading if reading.error is None else None
+        if reading.error is not None:
+            self.fp_unobserved = reading.error
+
+    def _fp_changes(self, proc: WorkerProcess) -> list[str]:
+        """What changed in the worker's threads' floating-point control state since the last reading;
+        threads that could not be stopped to be read are a finding too (after one retry)."""
+        if proc.fp is None or proc is not self._proc:
+            return []
+        now = fpcontrol.observe(proc.pid)
+        if now.error is None and not now.observed:
+            time.sleep(0.05)
+            now = fpcontrol.observe(proc.pid)
+        if now.error is not None:  # the worker is gone: its request's own outcome says why
+            return []
+        lines = fpcontrol.diff(proc.fp, now)  # type: ignore[arg-type]
+        unread = [t for t in now.threads.values() if t.control is None]
+        if unread:
+            lines.append(f"[not_observed] {len(unread)} worker thread(s) could not be stopped within 250 ms to read "
+                         "their floating-point state")
+        proc.fp = now
+        return lines
+
+    @staticmethod
+    def _outside_text(lines: list[str], inside_saw: bool) -> str:
+        text = state_changed_text([f"{line} (read from outside the worker)" for line in lines], ["the worker was replaced"])
+        return text if inside_saw else text + "; the worker's own snapshot reported no change (replaced by the candidate?)"
+
+    def _judge_outside(self, proc: WorkerProcess | None, obs: CallObservation) -> None:
+        """After a call that returned: the outside reading; a change fails ``global_state_changed`` and
+        replaces the worker (state set from inside cannot be put back from outside)."""
+        if obs.error is not None or proc is None:
+            return
+        outside = self._fp_changes(proc)
+        if outside:
+            obs.state_changed = [*obs.state_changed, self._outside_text(outside, bool(obs.state_changed))]
+            self._discard()
 
     def call_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True
                    ) -> tuple[list[CallObservation], float]:
@@ -253,6 +302,7 @@ class WorkerRunner(Runner):
         last = observations[-1]
         if last.error is None and check_retention and self.settle_s > 0 and proc is self._proc:
             self._settle(proc, [a for args in batch for a in args], last)
+        self._judge_outside(proc, last)
         if last.cause in RESTART_CAUSES:
             self._discard()
         return observations, (observations[0].elapsed_s if observations else 0.0)
@@ -355,6 +405,7 @@ class WorkerRunner(Runner):
         if self._proc is None:
             proc, self._spare = (self._spare or self._spawn()), None
             self._await_ready(proc)
+            self._fp_baseline(proc)
             self._proc = proc
             if self.keep_spare:
                 self._spare = self._spawn()

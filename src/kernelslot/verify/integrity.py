@@ -39,4 +39,14 @@ def run_provenance(runner: object) -> dict[str, object]:
     return {"sandbox": box.mode if box is not None else "in-process",
             "sandbox_detail": box.describe() if box is not None else "no isolation: candidate code ran in the referee",
             "memory_cap": cgroup.describe(memory) if memory is not None else "none: candidate code ran in the referee",
+            "numeric_state": _numeric_state(runner),
             "referee_sha256": referee_sha256(), "native_sha256": build.loaded_sha256()}
+
+
+def _numeric_state(runner: object) -> str:
+    """How process-wide numeric state around candidate calls was observed."""
+    if not hasattr(runner, "fp_unobserved"):
+        return "in-process snapshot only (candidate code ran in the referee)"
+    why = getattr(runner, "fp_unobserved")
+    return (f"in-worker snapshot only (not observed from outside: {why})" if why
+            else "each worker's threads read from outside (ptrace: MXCSR / FPCR) and the in-worker snapshot")
