@@ -15,7 +15,7 @@ import tests.cheats.honest_for_40_calls as honest_for_40
 from kernelslot.abi import CapabilityDomain
 from kernelslot.slots import Candidate, Kernel, get_slot
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.plan import BUNDLE_LONG_RUN, LONG_DRAW, REFILLS, STATE_STEPS, Planner, log_uniform
+from kernelslot.verify.plan import BUNDLE_LONG_RUN, LONG_DRAW, REFILLS, Planner, log_uniform
 
 LOW, HIGH = BUNDLE_LONG_RUN
 
