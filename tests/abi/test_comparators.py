@@ -131,3 +131,13 @@ def test_ulp_share_ignores_errors_below_the_rows_scale_and_counts_the_rest():
     a[0, 3] = 1.01  # 10 ulps at a cell of the row's scale
     v = UlpShare(0.2).compare(a, e)
     assert not v.passed and v.value == 0.75 and v.margin == 1.25
+
+
+def test_allclose_floor_accepts_what_fp32_math_cannot_resolve_and_nothing_more():
+    """silu's fp32 σ underflows where the fp64 reference keeps ~1e-37 (a one-cell row scales no atol)."""
+    expected = torch.tensor([[4.97189e-37], [3.0]], dtype=torch.float64)
+    underflowed = torch.tensor([[0.0], [3.0]], dtype=torch.bfloat16)
+    assert not AllClose().compare(underflowed, expected).passed
+    assert AllClose(floor=2.0 ** -100).compare(underflowed, expected).passed
+    wrong = torch.tensor([[0.0], [3.0]], dtype=torch.bfloat16)
+    assert not AllClose(floor=2.0 ** -100).compare(wrong, torch.tensor([[1e-20], [3.0]], dtype=torch.float64)).passed

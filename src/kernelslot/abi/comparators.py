@@ -172,10 +172,11 @@ def _tolerances(dtype: torch.dtype, atol: float | None, rtol: float | None) -> t
 
 
 def _cell_ratios(actual: torch.Tensor, expected: torch.Tensor, atol: float | None, rtol: float | None,
-                 row_scaled_atol: bool = False) -> torch.Tensor:
-    """Each cell's error over its tolerance ``row_atol + rtol·|e|`` (see the module docstring)."""
+                 row_scaled_atol: bool = False, floor: float = 0.0) -> torch.Tensor:
+    """Each cell's error over its tolerance ``row_atol + rtol·|e| + floor`` (see the module docstring)."""
     a_tol, r_tol = _tolerances(actual.dtype, atol, rtol)
-    tol = row_atol(a_tol, expected, row_scaled_atol) + r_tol * expected.double().abs() + dtype_resolution(actual.dtype)
+    tol = (row_atol(a_tol, expected, row_scaled_atol) + r_tol * expected.double().abs() + dtype_resolution(actual.dtype)
+           + floor)
     return error_ratio(actual, expected, tol)
 
 
@@ -194,15 +195,20 @@ def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) 
 
 @dataclass(frozen=True)
 class AllClose:
-    """Every cell within ``atol·min(1, rms(row)) + rtol·|e|``; with ``ulps``, the output's
-    precision in its dtype's ulps is judged too (:class:`UlpShare`; reported where it fails)."""
+    """Every cell within ``atol·min(1, rms(row)) + rtol·|e| + floor``; with ``ulps``, the output's
+    precision in its dtype's ulps is judged too (:class:`UlpShare`; reported where it fails).
+
+    ``floor`` is an absolute tolerance for values the slot's fp32 math cannot resolve (e.g. silu's
+    σ(x) is 0 in fp32 below x = -88.7, where exp(-x) overflows, while the fp64 reference keeps values
+    near 1e-37): far below any value a wrong answer changes, and 0 unless the slot says so."""
 
     atol: float | None = None
     rtol: float | None = None
     ulps: "UlpShare | None" = None
+    floor: float = 0.0
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        r = _cell_ratios(actual, expected, self.atol, self.rtol)
+        r = _cell_ratios(actual, expected, self.atol, self.rtol, floor=self.floor)
         m = r <= 1
         ratio = float(m.double().mean()) if m.numel() else 1.0
         worst = float(r.max()) if r.numel() else 0.0
@@ -215,6 +221,7 @@ class AllClose:
 
     def describe(self) -> str:
         text = "allclose" + (f"(atol={self.atol}, rtol={self.rtol})" if self.atol is not None else "")
+        text += f" (+{self.floor:.3g} absolute)" if self.floor else ""
         return f"{text} and {self.ulps.describe()}" if self.ulps is not None else text
 
 
