@@ -201,7 +201,7 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
     if args.envelope_mib <= 0:
         raise UsageError(f"--envelope-mib must be a positive number of MiB, got {args.envelope_mib}")
     from kernelslot.verify.envelope import SIZE_FIELDS
-    from kernelslot.verify.plan import BUNDLE_LONG_RUN
+    from kernelslot.verify.options import UNTRUSTED
 
     for f in args.envelope_field or ():
         if f not in SIZE_FIELDS:
@@ -216,9 +216,8 @@ def _options(args: argparse.Namespace, targets: list[tuple[str, list[Any]]]):
     return VerifyOptions(device=args.device, dtypes=dtypes, seeds=seeds, replays=args.replays,
                          profiles=tuple(args.profile) if args.profile else None, model=args.model, time=args.time,
                          world_sizes=tuple(args.world_size) if args.world_size else VerifyOptions.world_sizes,
-                         collective_timeout_s=args.timeout, extra_mean=2.0 if untrusted else 0.25,
-                         long_run=BUNDLE_LONG_RUN if untrusted else None,
-                         envelope=untrusted, envelope_max_bytes=args.envelope_mib << 20,
+                         collective_timeout_s=args.timeout, envelope_max_bytes=args.envelope_mib << 20,
+                         **(UNTRUSTED if untrusted else {}),
                          envelope_fields=tuple(args.envelope_field) if args.envelope_field else None, draws=args.draws)
 
 

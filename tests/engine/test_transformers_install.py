@@ -238,3 +238,45 @@ def test_engine_imports_stay_lazy() -> None:
             "print('transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_install_routes_only_inside_the_receipts_verified_envelope(tmp_path) -> None:
+    """The receipt's verified envelope (recorded by verify with ``envelope``) bounds live routing:
+    a call larger than anything that ran goes to the built-in, though the declared domain admits it."""
+    import dataclasses
+
+    from kernelslot.bundle import load_bundle
+    from kernelslot.dispatch.router import INCUMBENT
+    from kernelslot.slots import get_slot
+    from kernelslot.store import ResultStore
+    from kernelslot.store.receipts import verified_envelopes
+    from kernelslot.verify import VerifyOptions, verify_slot
+    from kernelslot.verify.cases import describe, make_case
+
+    bundle = load_bundle(BUNDLES / "honest_experts")
+    defn = get_slot("moe.fused_experts")
+    store = tmp_path / "r.sqlite"
+    db = ResultStore(store)
+    run = db.start_run("test", "cpu", "in-process", bundle.bundle_id, bundle.content_hash)
+    cands = bundle.candidates()["moe.fused_experts"]
+    opts = VerifyOptions(dtypes=(torch.float32,), profiles=("ragged_batch_nonpow2", "minimax_swigluoai_clamped"), draws=0,
+                         envelope=True,
+                         envelope_fields=())
+    db.add_report(run, verify_slot(defn, cands, opts))
+    db.close()
+    silu = "engines-honest-experts:moe.fused_experts[silu]"
+    envelopes = verified_envelopes(store, bundle.content_hash, "moe.fused_experts", "float32")
+    assert silu in envelopes and verified_envelopes(store, bundle.content_hash, "moe.fused_experts", "bfloat16") == {}
+    profile = next(p for p in defn.profiles if p.name == "ragged_batch_nonpow2" and p.dtype == torch.float32)
+    ran = describe(defn, make_case(defn, profile, 0, 0), profile, "cpu")
+    top = envelopes[silu]["num_tokens"][1]
+    model = build_model("qwen3-moe")
+    handle = install(model, bundle=bundle, store=str(store))
+    try:
+        router = next(iter(handle.states.values())).router
+        assert router.route(dataclasses.replace(ran, num_tokens=top)) == silu
+        beyond = dataclasses.replace(ran, num_tokens=top + 1)
+        assert next(c for c in cands if c.name == silu).domain.matches(beyond)  # declared: admitted
+        assert router.route(beyond) == INCUMBENT  # never verified: the built-in serves it
+    finally:
+        handle.uninstall()

@@ -22,7 +22,7 @@ def qualify(bundle, slots: tuple[str, ...], store: str | Path, *, timeout_s: flo
     from kernelslot.slots import get_slot
     from kernelslot.store import ResultStore
     from kernelslot.verify import VerifyOptions, verify_slot
-    from kernelslot.verify.plan import BUNDLE_LONG_RUN
+    from kernelslot.verify.options import UNTRUSTED
     from kernelslot.isolation import make_runner
 
     offered = {s: c for s, c in bundle.candidates().items() if s in slots}
@@ -32,7 +32,7 @@ def qualify(bundle, slots: tuple[str, ...], store: str | Path, *, timeout_s: flo
     if not todo:
         return result
     seed = int.from_bytes(os.urandom(4), "little")
-    opts = VerifyOptions(seeds=(seed,), extra_mean=2.0, long_run=BUNDLE_LONG_RUN)  # an untrusted bundle's plan, as cli.py's
+    opts = VerifyOptions(seeds=(seed,), **UNTRUSTED)  # as `kernelslot verify BUNDLE`: its plan, its envelope
     runner = make_runner(True, timeout_s)
     db = ResultStore(store)
     try:

@@ -6,18 +6,18 @@ error for the slot, and (when a dtype is asked for) a passing result ran in that
 """
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-__all__ = ["passing_slots"]
+__all__ = ["passing_slots", "verified_envelopes"]
 
 
-def passing_slots(store: str | Path, content_hash: str, dtype: Optional[str] = None) -> set[str]:
-    """Slots of the bundle with ``content_hash`` holding a passing receipt in ``store``
-    (covering ``dtype``, a torch dtype name, when given)."""
+def _passing_runs(store: str | Path, content_hash: str, dtype: Optional[str]) -> dict[str, list[int]]:
+    """slot -> the ids of the runs holding a passing receipt for it (oldest first)."""
     if not Path(store).exists():
-        return set()
+        return {}
     db = sqlite3.connect(f"file:{Path(store)}?mode=ro", uri=True)
     try:
         rows = db.execute(
@@ -28,12 +28,37 @@ def passing_slots(store: str | Path, content_hash: str, dtype: Optional[str] = N
             "SELECT e.run_id, e.slot FROM slot_errors e JOIN runs u ON u.id = e.run_id WHERE u.bundle_hash = ?",
             (content_hash,)).fetchall())
     except sqlite3.DatabaseError:
-        return set()
+        return {}
     finally:
         db.close()
     by_run: dict[tuple[int, str], list[tuple[str, str]]] = {}
     for run_id, slot, status, dt in rows:
         by_run.setdefault((run_id, slot), []).append((status, dt))
-    return {slot for (run_id, slot), st in by_run.items()
-            if (run_id, slot) not in errors and all(s != "fail" for s, _ in st)
-            and any(s == "pass" and (dtype is None or d == dtype) for s, d in st)}
+    out: dict[str, list[int]] = {}
+    for (run_id, slot), st in sorted(by_run.items()):
+        if ((run_id, slot) not in errors and all(s != "fail" for s, _ in st)
+                and any(s == "pass" and (dtype is None or d == dtype) for s, d in st)):
+            out.setdefault(slot, []).append(run_id)
+    return out
+
+
+def passing_slots(store: str | Path, content_hash: str, dtype: Optional[str] = None) -> set[str]:
+    """Slots of the bundle with ``content_hash`` holding a passing receipt in ``store``
+    (covering ``dtype``, a torch dtype name, when given)."""
+    return set(_passing_runs(store, content_hash, dtype))
+
+
+def verified_envelopes(store: str | Path, content_hash: str, slot: str, dtype: Optional[str] = None) -> dict[str, Any]:
+    """variant -> the verified envelope (its recorded JSON form) of the latest passing receipt for
+    ``slot``; ``{}`` when there is none, or it recorded none (a run made without ``envelope``)."""
+    runs = _passing_runs(store, content_hash, dtype).get(slot)
+    if not runs:
+        return {}
+    db = sqlite3.connect(f"file:{Path(store)}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT variant, envelope FROM envelopes WHERE run_id = ? AND slot = ?", (runs[-1], slot)).fetchall()
+    except sqlite3.DatabaseError:  # a store from before envelopes were kept
+        return {}
+    finally:
+        db.close()
+    return {variant: json.loads(env) for variant, env in rows}

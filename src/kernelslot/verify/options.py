@@ -11,9 +11,10 @@ from typing import Callable
 
 import torch
 
+from kernelslot.verify.plan import BUNDLE_LONG_RUN
 from kernelslot.verify.verdict import ProfileResult
 
-__all__ = ["VerifyOptions", "Progress", "device_arch"]
+__all__ = ["VerifyOptions", "Progress", "device_arch", "UNTRUSTED"]
 
 Progress = Callable[[ProfileResult], None]
 
@@ -38,6 +39,11 @@ class VerifyOptions:
     draws: int = 2  # drawn profiles per slot and seed, inside the slot's domain (slots/draw.py); 0: none
     world_sizes: tuple[int, ...] = (2,)  # collective slots: group sizes to verify (profiles carry dims["world"])
     collective_timeout_s: float = 30.0  # collective slots: per-call deadline for every rank
+
+
+# What verifying an untrusted bundle adds, wherever it is verified (`kernelslot verify BUNDLE`, e2e's
+# qualification): a mean of 2 extra replays, the secret long run, and the verified envelope recorded.
+UNTRUSTED = {"extra_mean": 2.0, "long_run": BUNDLE_LONG_RUN, "envelope": True}
 
 
 def device_arch(device: str) -> str:

@@ -41,11 +41,12 @@ def fits_sdpa(query: torch.Tensor, key: torch.Tensor, attention_mask: Optional[t
 class AttentionState:
     """The router (built-in incumbent, optional candidates) and call counters of one installation."""
 
-    def __init__(self, candidates: Sequence[Candidate] = (), context: Optional[CallContext] = None):
+    def __init__(self, candidates: Sequence[Candidate] = (), context: Optional[CallContext] = None,
+                 verified: Optional[dict] = None):
         from kernelslot.dispatch import SlotRouter
         from kernelslot.slots import get_slot
 
-        self.router = SlotRouter(get_slot(SLOT), list(candidates))
+        self.router = SlotRouter(get_slot(SLOT), list(candidates), verified=verified)
         self.context = context or CallContext()
         self.counters: dict[str, CallCounters] = {BUILTIN: CallCounters(), MODEL_CODE: CallCounters()}
         self._lock = threading.Lock()

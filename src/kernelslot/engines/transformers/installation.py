@@ -13,7 +13,9 @@ front (weights normalised, activation probed, native layout built, each candidat
 ``load_state_dict`` (and lazily, on its next call, after ``.to()`` or an in-place update: the
 weight key changes), and returns an :class:`Installation` with per-slot call counters and
 ``uninstall()``. A bundle is installed only if the result store holds a passing ``verify``
-receipt for its content hash and slot, unless ``trust_unverified=True``.
+receipt for its content hash and slot, unless ``trust_unverified=True``; a variant is then routed only
+inside its declared domain ∩ the verified envelope that receipt recorded (a receipt that recorded
+none, made without ``envelope``, leaves the declared domain).
 """
 from __future__ import annotations
 
@@ -134,7 +136,7 @@ def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (
         raise ValueError(f"install: unknown slot(s) {unknown}; this engine serves {', '.join(SLOTS)}")
     register()
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-    candidates, bundle_hash = _bundle_candidates(bundle, slots, store, trust_unverified, dtype)
+    candidates, bundle_hash, verified = _bundle_candidates(bundle, slots, store, trust_unverified, dtype)
     context = CallContext()
     modules = experts_modules(model)
     previous: dict[str, Any] = {}
@@ -145,7 +147,8 @@ def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (
             raise ValueError(f"install: {type(model).__name__} has no experts module using transformers' experts "
                              "interface; nothing to serve for moe.fused_experts")
         for name, m in modules:
-            st = ExpertsState(m, candidates.get(EXPERTS_SLOT, ()), context=context, weight_format=weight_format)
+            st = ExpertsState(m, candidates.get(EXPERTS_SLOT, ()), context=context, weight_format=weight_format,
+                              verified=verified.get(EXPERTS_SLOT))
             m._kernelslot_experts = st
             states[name] = st
             hooks.append(m.register_load_state_dict_post_hook(_reprepare_hook(st)))
@@ -153,7 +156,7 @@ def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (
         model.set_experts_implementation(NAME)
     handle = Installation(model, slots, states, context, previous, bundle_hash, _hooks=hooks)
     if attn.SLOT in slots:
-        handle.attention = attn.AttentionState(candidates.get(attn.SLOT, ()), context)
+        handle.attention = attn.AttentionState(candidates.get(attn.SLOT, ()), context, verified=verified.get(attn.SLOT))
         for m in model.modules():
             if hasattr(m, "is_causal"):  # the attention modules: they read the state in the call
                 m._kernelslot_attention = handle.attention
@@ -166,10 +169,10 @@ def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (
 def _bundle_candidates(bundle: Any, slots: tuple[str, ...], store: Optional[str], trust_unverified: bool,
                        dtype: torch.dtype):
     if bundle is None:
-        return {}, None
+        return {}, None, {}
+    from kernelslot.abi.capability import Staircase
     from kernelslot.bundle import load_bundle
-
-    from kernelslot.store.receipts import passing_slots
+    from kernelslot.store.receipts import passing_slots, verified_envelopes
 
     if not hasattr(bundle, "candidates"):
         bundle = load_bundle(bundle)
@@ -185,4 +188,8 @@ def _bundle_candidates(bundle: Any, slots: tuple[str, ...], store: Optional[str]
                 f"bundle {bundle.bundle_id} (sha256 {bundle.content_hash[:12]}…) has no passing verify receipt for "
                 f"{', '.join(missing)} in {dt} in {store or 'the result store (none given)'}; run `kernelslot verify "
                 f"{bundle.manifest.root} --store FILE` first, or pass trust_unverified=True")
-    return offered, bundle.content_hash
+    verified = {}
+    for slot in offered if store and not trust_unverified else ():
+        envelopes = verified_envelopes(store, bundle.content_hash, slot, str(dtype).removeprefix("torch."))
+        verified[slot] = {name: Staircase.from_json(env) for name, env in envelopes.items()} or None
+    return offered, bundle.content_hash, verified
