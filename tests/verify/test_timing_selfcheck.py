@@ -48,10 +48,15 @@ def test_batch_size_follows_the_incumbents_round_trip():
 
 
 def test_an_equal_kernel_reads_as_equal_through_the_worker(tmp_path):
-    timings = _self_timed(tmp_path, "norm.rmsnorm", ("decode_batch", "ragged_rows_nonpow2"), 5)
-    for t in timings:
-        assert t["batch"] > 1 and 0.5 <= t["speedup"] <= 2.0, t
-        assert t["incumbent_roundtrip_s"] < t["incumbent_s"]
+    """Up to three attempts: a loaded machine can spoil one reading, a biased method spoils all three."""
+    readings = []
+    for _ in range(3):
+        timings = _self_timed(tmp_path, "norm.rmsnorm", ("decode_batch", "ragged_rows_nonpow2"), 5)
+        assert all(t["batch"] > 1 and t["incumbent_roundtrip_s"] < t["incumbent_s"] for t in timings), timings
+        readings.append([round(t["speedup"], 3) for t in timings])
+        if all(0.5 <= r <= 2.0 for r in readings[-1]):
+            return
+    pytest.fail(f"an equal kernel read outside x0.5-x2.0 in three attempts: {readings}")
 
 
 @pytest.mark.slow
