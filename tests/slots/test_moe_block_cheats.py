@@ -33,6 +33,8 @@ def test_honest_block_passes_every_profile() -> None:
         ("moe_block_skip_index_mask", "t7_all_expert_ep_rank1"),  # generic: pre-norm softmax, no renorm
         ("moe_block_double_routed_scaling", "t64_all_expert_ep_rank1"),  # MiniMax-M3: factor 2.0
         ("moe_block_renormalise_topk", "t1_selective_dense"),  # generic: norm_topk_prob False
+        ("moe_block_two_bit_output", "t1_selective_mxfp4"),  # gpt-oss MXFP4, one token: the smallest MX call
+        ("moe_block_two_bit_output", "t32_all_expert_ep_mxfp8"),  # qwen3-moe MXFP8, expert-parallel
     ],
 )
 def test_cheat_fails_compare(cheat: str, caught_on: str) -> None:

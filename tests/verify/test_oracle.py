@@ -173,17 +173,18 @@ def test_a_float16_output_rounded_through_bfloat16_is_caught_by_its_ulps(slot):
     assert not any(a.kind == "rounded through bfloat16" for a in oracle_profile(defn, bf).answers)
 
 
-def test_low_bit_profiles_reject_what_their_slot_resolves():
-    """moe.fused_experts' NVFP4 profiles must reject the output rounded to 2 significant bits;
-    moe.block_tkg's MX profiles resolve 1 (their cosine admits honest path choices as large)."""
-    fused = get_slot("moe.fused_experts")
-    assert fused.low_bit_resolution == 2
-    for profile in [p for p in fused.profiles if LOW_BIT in p.tags]:
-        answers = {a.kind: a for a in oracle_profile(fused, profile).answers}
+@pytest.mark.parametrize("slot", ["moe.fused_experts", "moe.block_tkg"])
+def test_low_bit_profiles_reject_what_their_slot_resolves(slot):
+    """moe.fused_experts' NVFP4 profiles and moe.block_tkg's MX profiles must reject the output
+    rounded to 2 significant bits (E2M1's precision), each well past its bound: block_tkg's
+    reference admits each MX activation path as an alternative, so its matched_ratio needs no
+    allowance for the distance between paths."""
+    defn = get_slot(slot)
+    assert defn.low_bit_resolution == 2
+    low_bit = [p for p in defn.profiles if LOW_BIT in p.tags]
+    assert low_bit
+    for profile in low_bit:
+        answers = {a.kind: a for a in oracle_profile(defn, profile).answers}
         two = answers["rounded to 2 significant bits (E2M1's precision)"]
-        assert two.caught and two.margin > 5, (profile.label, two.margin)
+        assert two.caught and two.by == "compare" and two.margin > 5, (profile.label, two.margin)
         assert answers["rounded to 1 significant bit (below E2M1)"].caught
-    block = get_slot("moe.block_tkg")
-    mx = min((p for p in block.profiles if LOW_BIT in p.tags), key=_size)
-    kinds = {a.kind for a in oracle_profile(block, mx).answers}
-    assert "rounded to 1 significant bit (below E2M1)" in kinds and not any("2 significant" in k for k in kinds)
