@@ -98,3 +98,61 @@ def block_entry(feed_input: Activations, feed_intermediate: Activations) -> Call
 
 def kernel(path: str) -> Kernel:
     return Kernel(entry=block_entry(*PATHS[path]), prepare=prepare, name=f"honest.{path}")
+
+
+# --------------------------------------------------------------------------- measurement
+
+def measure(seeds: int = 30, tokens: tuple[int, ...] = (1, 2)) -> str:
+    """The table behind docs/moe_block.md ("MX activation paths"): per MX profile (at T = ``tokens``
+    and its own T), over ``seeds`` seeds, the worst margin of every honest variant and the best of the
+    output rounded to 2 and 3 significant bits, judged as the referee judges ``out`` (the profile's
+    comparator against the nearest admissible answer). In brackets, judged against the seed's path
+    alone: the least of the honest non-seed variants' worst margins, and the 2-bit output's best.
+    Cases where rounding changes nothing (no local expert routed) are left out of the minimum."""
+    import dataclasses
+
+    from kernelslot.abi.comparators import canonical_expected, resolve_expected
+    from kernelslot.slots.base import LOW_BIT
+    from kernelslot.slots.moe_block import SLOTS, _reference
+    from kernelslot.verify.oracle import round_significand
+    from kernelslot.verify.single.pipeline import clone_case
+
+    defn = SLOTS[0]
+    kernels = {"built-in": defn.incumbent, **{name: kernel(name) for name in PATHS if name != "mxfp8"}}
+    lines = [f"{'profile':28s} {'T':>3s}  " + " ".join(f"{k[:14]:>14s}" for k in kernels)
+             + f" {'2 bits':>7s} {'3 bits':>7s}  (seed's path only: honest / 2 bits)"]
+    for profile in [p for p in defn.profiles if LOW_BIT in p.tags]:
+        comparator = defn.comparator_for("out", profile)
+        for t in sorted(set(tokens) | {profile.dims["T"]}):
+            sized = dataclasses.replace(profile, dims={**profile.dims, "T": t})
+            worst = dict.fromkeys(kernels, 0.0)
+            seed_only, best = dict.fromkeys(kernels, 0.0), {2: float("inf"), 3: float("inf"), "seed-only 2": float("inf")}
+            for seed in range(seeds):
+                case = defn.make_case(sized, torch.Generator().manual_seed(seed))
+                ref = _reference(clone_case(case))["out"]
+                canon = canonical_expected(ref)
+                for name, k in kernels.items():
+                    c = clone_case(case)
+                    out = torch.empty(c.outputs["out"].shape, dtype=c.outputs["out"].dtype)
+                    res = c.inputs["residual"]
+                    k.entry(c.inputs["x"], res, k.prepare(*c.prepare_args), c.inputs["eps"], out,
+                            None if res is None else torch.empty_like(res), None)
+                    worst[name] = max(worst[name], comparator.compare(out, resolve_expected(ref, out)).margin)
+                    if name != "built-in":
+                        seed_only[name] = max(seed_only[name], comparator.compare(out, canon).margin)
+                for bits in (2, 3):
+                    wrong = round_significand(canon, bits).to(torch.bfloat16)
+                    if torch.equal(wrong, canon.to(torch.bfloat16)):
+                        continue
+                    best[bits] = min(best[bits], comparator.compare(wrong, resolve_expected(ref, wrong)).margin)
+                    if bits == 2:
+                        best["seed-only 2"] = min(best["seed-only 2"], comparator.compare(wrong, canon).margin)
+            lines.append(f"{profile.name:28s} {t:3d}  " + " ".join(f"{worst[k]:14.3f}" for k in kernels)
+                         + f" {best[2]:7.1f} {best[3]:7.1f}  ({min(v for k, v in seed_only.items() if k != 'built-in'):.1f} / {best['seed-only 2']:.1f})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m tests.slots.moe_block_paths [SEEDS]
+    import sys
+
+    print(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 30))

@@ -25,7 +25,8 @@ The battery, per output:
   which that judgement must reject. Outputs judged by a low-bit profile's own comparator (profile
   tag ``low_bit``: E2M1 weights or activations on the path, whose noise that comparator must
   admit) are rounded to 1 significant bit, below E2M1's 2, and to every count up to the slot's
-  ``low_bit_resolution`` (2 bits for ``moe.fused_experts``' NVFP4 profiles);
+  ``low_bit_resolution`` (2 bits for ``moe.fused_experts``' NVFP4 profiles and ``moe.block_tkg``'s MX
+  profiles);
 - the slot's named near-misses (:class:`kernelslot.slots.base.NearMiss`), all outputs at once.
 
 An answer that is not wrong is skipped with the reason: one equal to the reference in every cell
