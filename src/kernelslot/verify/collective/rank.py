@@ -12,10 +12,16 @@ candidate's group, then answers frames:
   map the referee's shared storages, load the candidate with the bundle loader
   (:func:`kernelslot.bundle.loader.resolve_callables`, once per source) and run ``prepare`` when
   the job has prepare arguments; reply ``{"op": "prepared", "error", "cause"}``;
-* ``{"op": "call", "seq", "args", "storages", "graph", "private"}``: call ``entry`` with the
-  described arguments (the group in the GROUP position; with ``private``, on private copies that
-  are copied back into the shared tensors after the call) and reply what was observed *where the call ran*:
-  ``{"op": "called", "seq", "returned", "error", "cause", "meta", "retained", "worker_ns"}``.
+* ``{"op": "prepare", "seq", "args"}``: ``prepare`` again on the described arguments (the referee
+  reloaded the weights in place: same storages, new values) and use its result from now on; reply
+  ``{"op": "prepared", "seq", "error", "cause"}``;
+* ``{"op": "call", "seq", "args", "storages", "graph", "private", "scratch"}``: call ``entry`` with
+  the described arguments (the group in the GROUP position) and reply what was observed *where the
+  call ran*: ``{"op": "called", "seq", "returned", "error", "cause", "meta", "retained", "worker_ns"}``.
+  With ``private`` the candidate gets private, non-shared copies of every shared storage (same size,
+  offset and strides), copied back whole into the shared storages after the call, so writes into
+  the padding show as they do on shared tensors; with ``scratch`` the allocators' freed memory is
+  poisoned right before the call (:func:`kernelslot.isolation.scratch.poisoned_scratch`).
   ``graph`` (CUDA only): ``"capture"`` captures the call in a CUDA graph (and replays it once),
   ``"replay"`` replays the captured graph;
 * ``{"op": "release", "seq", "keys"}`` drops storages and ends the job (reply ``{"op": "released",
@@ -24,13 +30,19 @@ candidate's group, then answers frames:
 No check is made here and no reference or comparator is ever here: the referee refills the
 inputs, poisons the outputs and checks everything from shared memory itself, so a candidate that
 patches this module, or writes its own frames on the socket, changes at most what an observation
-claims (its identity report, its return value), never what the referee reads from the tensors.
+claims (its identity report, its return value, its numeric-state report), never what the referee
+reads from the tensors. The process-wide numeric state is snapshotted around every load, prepare
+and call (:class:`kernelslot.isolation.numeric_state.Guard`); what candidate code changed is put
+back and reported in that reply (``global_state``, and ``global_state_unrestored`` for what could
+not be put back). The referee also reads every rank thread's floating-point control state from
+outside (:mod:`kernelslot.isolation.fpcontrol`), which a candidate here cannot patch.
 A watchdog thread sends ``{"op": "stalled", "seq", "stack"}`` (the main thread's stack) when a
 call overruns ``stall_after_s``, so a hang is attributed to the rank whose code is stuck.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import socket
@@ -44,17 +56,41 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from kernelslot.isolation.wire import WireError, map_storage, recv_frame, send_frame
+from kernelslot.isolation import numeric_state
 from kernelslot.isolation.observe import argument_meta, identity, short_repr
+from kernelslot.isolation.scratch import poisoned_scratch
+from kernelslot.isolation.wire import WireError, map_storage, recv_frame, send_frame
 
 __all__ = ["init_rank", "forbid_group_creation", "main"]
 
 _clock = time.perf_counter_ns
 
 
-def _private_copy(t: torch.Tensor) -> torch.Tensor:
-    """A private tensor with ``t``'s shape, strides and values (not in shared memory)."""
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+def _private_copies(args: list[Any]) -> tuple[list[Any], list[tuple[torch.UntypedStorage, torch.UntypedStorage]]]:
+    """``args`` with every tensor moved onto a private (non-shared) copy of its storage: same storage
+    size, offset, shape and strides, one copy per storage (views of one storage stay views of one);
+    and the (shared, private) storage pairs to copy back after the call."""
+    pairs: dict[int, tuple[torch.UntypedStorage, torch.UntypedStorage]] = {}
+    out = []
+    for a in args:
+        if not isinstance(a, torch.Tensor):
+            out.append(a)
+            continue
+        shared = a.untyped_storage()
+        if shared._cdata not in pairs:
+            mine = torch.UntypedStorage(shared.nbytes(), device=shared.device)
+            mine.copy_(shared)
+            pairs[shared._cdata] = (shared, mine)
+        out.append(torch.empty(0, dtype=a.dtype, device=a.device).set_(pairs[shared._cdata][1], a.storage_offset(),
+                                                                        a.shape, a.stride()))
+    return out, list(pairs.values())
+
+
+def _with_state(reply: dict, guard: numeric_state.Guard) -> dict:
+    """``reply`` with what candidate code changed in the process-wide numeric state (put back where it could be)."""
+    if guard.changed:
+        reply.update(global_state=guard.changed, global_state_unrestored=guard.unrestored)
+    return reply
 
 
 def _use_count(t: torch.Tensor) -> int:
@@ -93,6 +129,7 @@ class _Rank:
         self.storages: dict[int, torch.UntypedStorage] = {}
         self.kernels: dict[tuple, tuple[Callable, Callable | None]] = {}
         self.entry: Callable | None = None
+        self.prepare_fn: Callable | None = None
         self.prepared: Any = None
         self.stall_after_s = 30.0
         self.graph: Any = None
@@ -127,8 +164,14 @@ class _Rank:
 
     # -- requests ----------------------------------------------------------------------------
     def job(self, msg: dict, fds: list[int]) -> dict:
-        self.entry = self.prepared = self.graph = None
+        """Map the job's storages, load the candidate and prepare; import and prepare inside one numeric-state guard."""
+        self.entry = self.prepare_fn = self.prepared = self.graph = None
         self.stall_after_s = float(msg["stall_after_s"])
+        with numeric_state.Guard() as guard:
+            reply = self._load_and_prepare(msg, fds)
+        return _with_state(reply, guard)
+
+    def _load_and_prepare(self, msg: dict, fds: list[int]) -> dict:
         try:
             self.register(msg.get("storages", []), fds)
             src = msg["kernel"]
@@ -138,17 +181,27 @@ class _Rank:
                 from kernelslot.slots.base import KernelSource
 
                 self.kernels[key] = resolve_callables(KernelSource(*key))
-            self.entry, prepare = self.kernels[key]
+            self.entry, self.prepare_fn = self.kernels[key]
         except BaseException:  # noqa: BLE001 - import-time failures of candidate code are reported
             return {"op": "prepared", "error": traceback.format_exc(limit=6), "cause": "load_failed"}
         if msg.get("prepare_args") is None:
             return {"op": "prepared", "error": None}
-        if prepare is None:
+        return self._prepare(msg["prepare_args"], int(msg["seq"]))
+
+    def prepare_again(self, msg: dict) -> dict:
+        """``prepare`` once more on the job's weights, which the referee reloaded in place; the call uses its result."""
+        seq = int(msg["seq"])
+        with numeric_state.Guard() as guard:
+            reply = self._prepare(msg["args"], seq)
+        return {**_with_state(reply, guard), "seq": seq}
+
+    def _prepare(self, descs: list[dict], seq: int) -> dict:
+        if self.prepare_fn is None:
             return {"op": "prepared", "error": "the slot needs prepare() but the kernel has none", "cause": "load_failed"}
-        args = [self.value(d) for d in msg["prepare_args"]]
+        args = [self.value(d) for d in descs]
         try:
-            with _Watchdog(self._stalled(int(msg["seq"])), self.stall_after_s):
-                self.prepared = prepare(*args)
+            with _Watchdog(self._stalled(seq), self.stall_after_s):
+                self.prepared = self.prepare_fn(*args)
         except BaseException:  # noqa: BLE001 - SystemExit from candidate code is contained too
             return {"op": "prepared", "error": traceback.format_exc(limit=8), "cause": "exception"}
         return {"op": "prepared", "error": None}
@@ -160,29 +213,31 @@ class _Rank:
         seq = int(msg["seq"])
         self.register(msg.get("storages", []), fds)
         shared = [self.value(d) for d in msg["args"]]
-        private = bool(msg.get("private"))  # hand the candidate private, non-shared copies; copy back after
-        args = [_private_copy(a) if private and isinstance(a, torch.Tensor) else a for a in shared]
+        # private: the candidate gets private, non-shared copies, copied back whole after the call
+        args, pairs = _private_copies(shared) if msg.get("private") else (shared, [])
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         before = {i: identity(t) for i, t in tensors}
         uses = {i: _use_count(t) for i, t in tensors}
         reply: dict[str, Any] = {"op": "called", "seq": seq, "returned": None, "error": None}
-        start = _clock()
-        try:
-            with _Watchdog(self._stalled(seq), self.stall_after_s):
-                result = self._run(args, msg.get("graph"))
-            if result is not None:
-                reply["returned"] = short_repr(result)
-            del result
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-        except BaseException:  # noqa: BLE001 - SystemExit from candidate code is contained too
-            reply.update(error=traceback.format_exc(limit=8), cause="exception")
-        reply["worker_ns"] = _clock() - start
+        with numeric_state.Guard() as guard:
+            start = _clock()
+            try:
+                with _Watchdog(self._stalled(seq), self.stall_after_s), \
+                        poisoned_scratch() if msg.get("scratch") else contextlib.nullcontext():
+                    result = self._run(args, msg.get("graph"))
+                if result is not None:
+                    reply["returned"] = short_repr(result)
+                del result
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+            except BaseException:  # noqa: BLE001 - SystemExit from candidate code is contained too
+                reply.update(error=traceback.format_exc(limit=8), cause="exception")
+            reply["worker_ns"] = _clock() - start
+        _with_state(reply, guard)
         reply["meta"] = argument_meta(len(args), tensors, before, self.locate, self.storages)
-        for mine, copy in zip(shared, args) if private else ():
-            if isinstance(mine, torch.Tensor) and copy.shape == mine.shape and copy.dtype == mine.dtype:
-                mine.copy_(copy)  # the referee judges the shared tensors (inputs too: a mutation shows)
-        del args, shared
+        for storage, private in pairs:
+            storage.copy_(private)  # the referee judges the shared storages (inputs and padding too: a write shows)
+        del args, shared  # ``pairs`` stays: its storages were counted in ``uses``
         retained = [i for i, t in tensors if _use_count(t) > uses[i]]
         if retained:  # a reference cycle may still hold a view: collect, then look again
             gc.collect()
@@ -214,7 +269,7 @@ class _Rank:
         """Drop storages; the reply closes the job, so a stray frame written by the candidate shows up now."""
         for key in msg.get("keys", []):
             self.storages.pop(int(key), None)
-        self.entry = self.prepared = self.graph = None
+        self.entry = self.prepare_fn = self.prepared = self.graph = None
         return {"op": "released", "seq": int(msg["seq"])}
 
 
@@ -287,6 +342,8 @@ def _serve(sock: socket.socket, rank: int, world: int, spare: bool, backend: str
             return
         if op == "job":
             state.send({**state.job(msg, fds), "seq": msg.get("seq")})
+        elif op == "prepare":
+            state.send(state.prepare_again(msg))
         elif op == "call":
             state.send(state.call(msg, fds))
         elif op == "release":
