@@ -17,7 +17,19 @@ It returns the replies and, for ranks that gave none, one failure line each nami
 the cause: its process exited (exit code, signal, output tail), it wrote something that is not a
 reply on its channel (``protocol``), or it overran the deadline (where its stack was, as its
 watchdog reported; ranks stuck in their own code first). After any of those the session is
-``broken`` and must be closed; :meth:`close` kills every rank's process group.
+``broken`` and must be closed; :meth:`close` kills every rank's process group. A deadline that
+passed or a rank process that died also sets ``fatal`` (what happened, in words): the referee then
+runs no further profile of that candidate (a hang costs one deadline per candidate, not one per
+profile).
+
+What the referee sees of the ranks from outside, through the host's ``/proc`` and ``ptrace`` (nothing a
+rank can forge): each group rank's host pid (found from the pid it reported at start-up, before any
+candidate code ran, as :class:`~kernelslot.isolation.process.Zygote` finds its workers), its threads
+(:meth:`CollectiveSession.threads`), which of them keep using CPU after a call
+(:meth:`CollectiveSession.settle`, the worker's settle-window rule) and every thread's
+floating-point control state (:meth:`CollectiveSession.numeric_changes`, read with
+:func:`kernelslot.isolation.fpcontrol.observe` after each exchange and compared with the reading
+before it; the first reading is taken before any candidate code runs).
 """
 from __future__ import annotations
 
@@ -34,10 +46,11 @@ from typing import Sequence
 
 import torch
 
-from kernelslot.isolation import sandbox
-from kernelslot.isolation.wire import WireError, recv_frame, send_frame
+from kernelslot.isolation import fpcontrol, proctree, sandbox
 from kernelslot.isolation.netns import GroupNetwork, NetworkUnavailable
+from kernelslot.isolation.process import BUSY_CONFIRM_S, BUSY_FRACTION
 from kernelslot.isolation.sandbox import neutral_env
+from kernelslot.isolation.wire import WireError, recv_frame, send_frame
 
 __all__ = ["CollectiveSession", "SessionError", "stuck_where", "STARTUP_S"]
 
@@ -90,6 +103,10 @@ class CollectiveSession:
         self.world = group_size + 1
         self.backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
         self.broken = False
+        self.fatal = ""  # a deadline passed or a rank died: no further profile of this candidate runs (the cause)
+        self.pids: list[int] = []  # host pid of group rank r at r (found at start-up)
+        self.unobserved = ""  # why the ranks' floating-point control state cannot be read from outside ('' when it can)
+        self._fp: list[fpcontrol.FpControl] = []  # the last outside reading of each group rank
         self.procs: list[subprocess.Popen] = []
         self.socks: list[socket.socket] = []
         self.logs: list[str] = []
@@ -144,6 +161,7 @@ class CollectiveSession:
             except OSError:
                 raise SessionError(f"{self._name(process)}: {self.exit_reason(process)} while starting") from None
         waiting = set(range(self.world))
+        pids: dict[int, int] = {}
         while waiting:
             ready, _, _ = select.select([self.socks[r] for r in waiting], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
@@ -156,6 +174,17 @@ class CollectiveSession:
                     raise SessionError(f"{self._name(process)}: {self.exit_reason(process)} while starting") from None
                 if msg.get("op") == "ready":
                     waiting.discard(process)
+                    pids[process] = self._host_pid(process, msg.get("pid"))
+        self.pids = [pids[process] for process in range(1, self.world)]
+        self._fp = [fpcontrol.observe(pid) for pid in self.pids]  # before any candidate code runs
+        self.unobserved = next((r.error for r in self._fp if r.error), "") or ""
+
+    def _host_pid(self, process: int, ns_pid: object) -> int:
+        """The host pid of the rank that calls itself ``ns_pid`` in its sandbox (reported before any candidate code ran)."""
+        for p in proctree.tree(self.procs[process].pid):
+            if p.ns_pid == ns_pid and p.alive:
+                return p.pid
+        raise SessionError(f"{self._name(process)}: reported pid {str(ns_pid)[:20]}, which is not in its sandbox")
 
     def _first(self, process: int, deadline: float) -> dict:
         """The first frame of a starting rank (SessionError when it exits or stays silent)."""
@@ -186,16 +215,26 @@ class CollectiveSession:
         return "the spare rank (global rank 0)" if process == 0 else f"rank {process - 1}"
 
     def exit_reason(self, process: int) -> str:
+        """How the process ended (exit code or signal) and its output tail."""
+        how, tail = self._ended(process)
+        return how + (f"; output tail:\n{tail}" if tail else "")
+
+    def _ended(self, process: int) -> tuple[str, str]:
         proc = self.procs[process]
         try:
             code = proc.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
             code = None
-        tail = _tail(self.logs[process])
         how = f"process exited with code {code}" if code is not None else "process closed its channel"
         if code is not None and code < 0:
             how = f"process was killed by signal {signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else -code}"
-        return how + (f"; output tail:\n{tail}" if tail else "")
+        return how, _tail(self.logs[process])
+
+    def _died(self, rank: int, when: str) -> str:
+        """The failure line of group rank ``rank`` whose process ended; the session is broken and ``fatal``."""
+        how, tail = self._ended(rank + 1)
+        self.broken, self.fatal = True, f"rank {rank}: {how} ({when})"
+        return f"rank {rank}: {how}" + (f"; output tail:\n{tail}" if tail else "") + f" ({when})"
 
     def _recv(self, process: int, deadline: float) -> dict:
         sock = self.socks[process]
@@ -251,8 +290,7 @@ class CollectiveSession:
             for rank, (obj, fds) in enumerate(frames):
                 send_frame(members[rank], {**obj, "seq": seq}, fds)
         except OSError:
-            self.broken = True
-            return replies, [f"rank {rank}: {self.exit_reason(rank + 1)} (before {step})"]
+            return replies, [self._died(rank, f"before {step}")]
         stalls: dict[int, str] = {}
         deadline = time.monotonic() + self.timeout_s
         grace_end: float | None = None
@@ -264,15 +302,19 @@ class CollectiveSession:
             ready, _, _ = select.select([members[r] for r in pending], [], [], max(0.0, end - time.monotonic()))
             if not ready:
                 self.broken = True  # ranks still inside the call: stuck in a collective or hung
-                return replies, [] if grace_end is not None else self._hung(pending, stalls, step)
+                if grace_end is not None:  # stuck behind a peer that raised: that rank's failure is the report
+                    return replies, []
+                self.fatal = f"a call timed out after the {self.timeout_s:g} s deadline ({step})"
+                return replies, self._hung(pending, stalls, step)
             for sock in ready:
                 rank = members.index(sock)
                 try:
                     msg = self._recv(rank + 1, end)
                 except WireError as exc:
+                    if exc.eof:
+                        return replies, [self._died(rank, f"during {step}")]
                     self.broken = True
-                    why = self.exit_reason(rank + 1) if exc.eof else f"protocol: on its reply channel, {exc}"
-                    return replies, [f"rank {rank}: {why} (during {step})"]
+                    return replies, [f"rank {rank}: protocol: on its reply channel, {exc} (during {step})"]
                 if msg.get("op") == "stalled" and msg.get("seq") == seq:
                     stalls[rank] = str(msg.get("stack", ""))
                     continue
@@ -299,3 +341,58 @@ class CollectiveSession:
                        "collective over a group other than the supplied one (the default world group has a spare rank "
                        "that never joins)")
         return out
+
+    # -- what the referee sees of the ranks from outside ---------------------------------------
+    def threads(self) -> list[set[int]]:
+        """The thread ids of every group rank now."""
+        return [set(proctree.thread_cpu_ns(pid)) for pid in self.pids]
+
+    def settle(self, window_s: float) -> tuple[dict[int, str], dict[int, list[str]]]:
+        """Watch every group rank for ``window_s`` after a call: the ranks with a thread that keeps using CPU,
+        described, and the ranks whose threads' floating-point control state changed (:meth:`numeric_changes`,
+        read in the window's first half). The rule of :meth:`kernelslot.isolation.process.Watch.busy_threads`:
+        the first half of the window is a grace period (a thread pool may spin down), a thread that used
+        CPU in the second half is a suspect, and a suspect is busy if it used more than ``BUSY_FRACTION``
+        of the next ``BUSY_CONFIRM_S``."""
+        grace_end = time.monotonic() + window_s / 2
+        numeric = self.numeric_changes()
+        time.sleep(max(0.0, grace_end - time.monotonic()))
+        return self._busy_threads(window_s), numeric
+
+    def _busy_threads(self, window_s: float) -> dict[int, str]:
+        """The busy-thread rule over the second half of the window (and a confirmation for suspects)."""
+        first = [proctree.thread_cpu_ns(pid) for pid in self.pids]
+        time.sleep(window_s / 2)
+        second = [proctree.thread_cpu_ns(pid) for pid in self.pids]
+        floor = max(2.5e5, 0.05 * window_s / 2 * 1e9)
+        suspects = {r: [t for t in b if b[t][0] - a.get(t, (0,))[0] > floor] for r, (a, b) in enumerate(zip(first, second))}
+        if not any(suspects.values()):
+            return {}
+        time.sleep(BUSY_CONFIRM_S)
+        found = {}
+        for rank, tids in suspects.items():
+            third = proctree.thread_cpu_ns(self.pids[rank])
+            busy = [(third[t][1], (third[t][0] - second[rank][t][0]) / 1e6) for t in tids
+                    if t in third and third[t][0] - second[rank][t][0] > BUSY_FRACTION * BUSY_CONFIRM_S * 1e9]
+            if busy:
+                name, ms = busy[0]
+                found[rank] = (f"{len(busy)} thread(s) kept using CPU after entry returned ({name!r}: {ms:.0f} ms of CPU in "
+                               f"the next {BUSY_CONFIRM_S * 1e3:.0f} ms); all work must finish before entry returns "
+                               "(an idle thread pool is fine)")
+        return found
+
+    def numeric_changes(self) -> dict[int, list[str]]:
+        """Per group rank, what changed in its threads' floating-point control state (and scheduling) since
+        the last reading, read from outside (:func:`kernelslot.isolation.fpcontrol.diff`); each reading
+        replaces the last. Empty where tracing is not permitted (``unobserved`` says why)."""
+        if self.unobserved:
+            return {}
+        changed = {}
+        for rank, pid in enumerate(self.pids):
+            now = fpcontrol.observe(pid)
+            lines = fpcontrol.diff(self._fp[rank], now)
+            if now.error is None:
+                self._fp[rank] = now
+            if lines:
+                changed[rank] = lines
+        return changed
