@@ -4,22 +4,27 @@ entry point works. Rank processes are shared across tests through session pools 
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 import shutil
 import subprocess
 import sys
 import time
+import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from kernelslot.abi import Role, SlotKind
 from kernelslot.slots import CATALOG, Candidate, Kernel, get_slot
+from kernelslot.slots.base import KernelSource
 from kernelslot.slots.collective import rank_shares
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.collective.referee import CollectiveSession, verify_collective
+from kernelslot.verify.collective.referee import THREAD_SETTLE_S, CollectiveSession, call_sequence, verify_collective
 from kernelslot.verify.single.pipeline import make_case
+from tests.helpers import declared
 
 COLLECTIVE = sorted(name for name, d in CATALOG.items() if d.slot.kind is SlotKind.COLLECTIVE)
 SHORT_DEADLINE = 5.0  # seconds per call, for the cheats that hang
@@ -79,8 +84,10 @@ def test_builtin_collectives_pass(world, pools):
         assert report.passed, [(r.profile, r.dtype, [(c.name, c.message) for c in r.failures()]) for r in report.results]
         assert ran and all(r.profile.split("~")[0].endswith(f".w{world}") for r in ran)  # drawn: BASE~dI
         assert {r.dtype for r in ran} == {"float32", "bfloat16"}
-        for r in ran:
-            assert r.check("replay").status == "pass" and r.check("poison_left").status == "pass"
+        for r in ran:  # the state steps and the numeric-state check are made, not skipped
+            for check in ("replay", "poison_left", "determinism", "global_state_changed") + (
+                    ("reprepare",) if defn.slot.needs_prepare else ()):
+                assert r.check(check).status == "pass", (r.profile, check, r.check(check))
     print(f"\nall four collective slots at world {world}: {time.perf_counter() - start:.1f} s (sessions warm after the first)")
 
 
@@ -132,6 +139,17 @@ CHEATS = [
       ("raised", None, "a collective over a group other than the supplied one")]),
     ("collective_rank_hangs", "decode_batch.w2", SHORT_DEADLINE,
      [("raised", 1, "in candidate code at"), ("raised", 0, "waiting inside torch.distributed (all_reduce)")]),
+    ("collective_prepared_cache_by_address", "tp_decode.w2", 30.0,
+     [("reprepare", 0, "re-prepared call (weights reloaded in place): out: matched_ratio"),
+      ("reprepare", 1, "re-prepared call (weights reloaded in place): out: matched_ratio")]),
+    ("collective_late_write", "decode_batch.w2", 30.0,
+     [("raised", 0, f"late_write: out changed within {THREAD_SETTLE_S * 1e3:g} ms after entry returned"),
+      ("raised", 1, "late_write: out changed")]),
+    ("collective_busy_thread", "decode_batch.w2", 30.0,
+     [("raised", 0, "thread_left_running: 1 thread(s) kept using CPU after entry returned")]),
+    ("collective_global_state", "decode_batch.w2", 30.0,
+     [("global_state_changed", 0, "flush-to-zero"), ("global_state_changed", 0, "torch.get_num_threads(): 1 -> 2"),
+      ("global_state_changed", 1, "flush-to-zero")]),
 ]
 
 
@@ -165,6 +183,70 @@ def test_collective_cheat_fails_with_rank_and_reason(name, profile, deadline, ex
         assert elapsed < deadline + 3.0, f"hang reported after {elapsed:.1f} s (deadline {deadline} s)"
         assf = [c for c in failures if "timeout" in c.message]
         assert assf and all(f"within the {deadline:g} s deadline" in c.message for c in assf)
+
+
+def test_ftz_hidden_from_the_rank_is_read_from_outside(pools):
+    """A candidate that patches the rank's own numeric-state snapshot at import and sets flush-to-zero:
+    the rank reports nothing, the referee's ptrace reading of the rank's threads sees it."""
+    path = Path(__file__).resolve().parents[1] / "cheats" / "collective_ftz_patches_snapshot.py"
+    mod = types.SimpleNamespace(**declared(path))  # never imported here: it acts at import
+    cand = Candidate(Kernel(None, name="cheat.collective_ftz_patches_snapshot",
+                            source=KernelSource(entry="entry", file=str(path))))
+    opts = VerifyOptions(world_sizes=(2,), dtypes=(torch.float32,), profiles=("decode_batch.w2",))
+    report = verify_collective(get_slot(mod.SLOT), cand, opts, sessions=pools(30.0))
+    failures = report.results[0].failures()
+    assert {c.name for c in failures} == set(mod.CATCHES), [(c.name, c.message[:200]) for c in failures]
+    for rank in (0, 1):
+        assert any(c.message.startswith(f"rank {rank}: load/prepare: read from outside the rank process (ptrace)")
+                   and "flush-to-zero off -> on" in c.message for c in failures), [c.message[:300] for c in failures]
+
+
+def test_scratch_read_before_written_fails_the_repeat_on_poisoned_scratch(pools):
+    """Without extra replays the only call on poisoned scratch is the repeat: the cheat's outputs then
+    differ bit for bit from the previous call's (``determinism``); every call before passed."""
+    mod, cand = _cheat("collective_reads_uninitialised_scratch")
+    opts = VerifyOptions(world_sizes=(2,), dtypes=(torch.float32,), profiles=("decode_batch.w2",), extra_mean=0.0)
+    report = verify_collective(get_slot(mod.SLOT), cand, opts, sessions=pools(30.0))
+    failures = report.results[0].failures()
+    first = failures[0]
+    assert first.name == "determinism" and first.message.startswith("rank 0: repeated call on poisoned scratch: out: "), \
+        [(c.name, c.message[:200]) for c in failures]
+    assert "byte(s) differ from the previous call on the same inputs" in first.message
+
+
+def test_a_write_into_private_padding_shows(pools):
+    """The rank's private copies keep the storage (padding included) and are copied back whole: a kernel
+    that writes past its view only when its output is not in shared memory fails on a private padded replay."""
+    mod, cand = _cheat("collective_private_padding_write")
+    defn = get_slot(mod.SLOT)
+    base = VerifyOptions(world_sizes=(2,), dtypes=(torch.float32,), profiles=("decode_batch.w2",), extra_mean=4.0)
+    seed, private = next((s, c) for s in range(100) for c in call_sequence(defn, dataclasses.replace(base, plan_seed=s), False)
+                         if c.private and not c.plain)
+    report = verify_collective(defn, cand, dataclasses.replace(base, plan_seed=seed), sessions=pools(30.0))
+    failures = report.results[0].failures()
+    assert any(c.name == "out_of_bounds_write" and c.message.startswith(f"rank 0: replay {private.draw}: output out: "
+                                                                           "wrote outside its view") for c in failures), \
+        [(c.name, c.message[:200]) for c in failures]
+
+
+@pytest.mark.parametrize("name,cause", [("collective_default_group", "a call timed out after the 5 s deadline (call 0)"),
+                                        ("collective_rank_exits", "rank 1: process exited with code 7 (during call 0)")])
+def test_a_hang_or_a_dead_rank_costs_one_profile_not_one_per_profile(name, cause, pools):
+    """After a profile whose ranks deadlocked (a collective on the default world group) or died, the
+    candidate's remaining profiles are not run, with the cause: the whole verification costs one deadline."""
+    mod, cand = _cheat(name)
+    sessions = pools(SHORT_DEADLINE)
+    if 2 not in sessions:
+        sessions[2] = CollectiveSession(2, "cpu", SHORT_DEADLINE)  # started outside the timed region
+    opts = VerifyOptions(world_sizes=(2,), collective_timeout_s=SHORT_DEADLINE)  # every profile, both dtypes, drawn ones
+    start = time.perf_counter()
+    report = verify_collective(get_slot(mod.SLOT), cand, opts, sessions=sessions)
+    elapsed = time.perf_counter() - start
+    first, *rest = report.results
+    assert not report.passed and not first.passed and len(rest) >= 9
+    assert all(r.skipped_reason.startswith(f"not run: {cause}, in {first.profile}[{first.dtype}] seed 0; ") for r in rest), \
+        [r.skipped_reason for r in rest]
+    assert elapsed < SHORT_DEADLINE + 3.0, f"{len(report.results)} profile runs took {elapsed:.1f} s"
 
 
 def test_candidate_must_be_loadable_by_the_ranks():

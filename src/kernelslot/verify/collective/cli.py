@@ -130,9 +130,17 @@ def _rank_profile(defn: SlotDef, cand: Candidate, profile: Any, seed: int, opts:
             check.prepare_failed(rank, {})
     for call in check.calls if not check.result.failures() else ():
         values = check.begin(call)[rank]
+        if call.refill == "reprepare":  # the weights were reloaded in place: prepare again
+            try:
+                prepared = runner.prepare(cand.kernel, rt.prepare_args)
+            except RunnerError as exc:
+                check.prepare_failed(rank, {"error": str(exc), "cause": "exception"}, again=True)
+                break
+            if check.prepare_failed(rank, {}, again=True):
+                break
         values = [prepared if v is Role.PREPARED else group if v is Role.GROUP else v for v in values]
         timer = _deadline(timeout, rank)
-        obs = runner.call(cand.kernel, values)
+        obs = runner.call(cand.kernel, values, scratch=call.scratch)
         timer.cancel()
         check.judge(call, rank, obs)
         if obs.error:

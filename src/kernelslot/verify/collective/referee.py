@@ -15,12 +15,26 @@ compares every rank's outputs with the reference computed here. Replies are JSON
 
 The call sequence is the single-device pipeline's call plan (:mod:`kernelslot.verify.plan`): the
 first call, replays with tail / head / sparse refills and a geometric number more (NaN poison, a
-finite sentinel on the first replay), the engine-like plain-output call (contiguous outputs at
-offset 0 filled with random values) at a random position, and on CUDA for ``graph_safe`` candidates a
+finite sentinel on the first replay; private tensors and poisoned scratch at random), the
+engine-like plain-output call (contiguous outputs at offset 0 filled with random values, private
+tensors) at a random position, the state steps — a re-prepare after the weights were reloaded in
+place (slots with ``prepare``: check ``reprepare``) and a repeat of the previous call on poisoned
+scratch (check ``determinism``: bitwise equal outputs) — and on CUDA for ``graph_safe`` candidates a
 captured-graph call replayed with fresh inputs and fresh poison. A call whose checks fail but
 which returns keeps the ranks in step, so the remaining calls still run. Messages start with
 ``rank r:``; a rank that raises, exits, writes on its channel or hangs fails the profile with
 the cause (see :mod:`kernelslot.verify.collective.session`).
+
+After every call all ranks returned from, the referee watches a settle window (:data:`SETTLE_S`;
+:data:`THREAD_SETTLE_S` when the call left a thread it started alive) and re-reads every tensor of
+every rank: a write after the call returned fails (``late_write``), as does a rank thread that keeps
+using CPU (``thread_left_running``); both end the profile and replace the ranks. Numeric state is
+judged twice (``global_state_changed``): the rank's own snapshot around every load, prepare and
+call (reported in its reply, put back there), and every rank thread's floating-point control state
+read from outside after every exchange (ptrace; a change there cannot be put back, so the ranks
+are replaced after the profile). A deadline that passed, a rank that died or a failed load ends the
+candidate's verification: its remaining profiles are recorded as not run, with the cause, so a
+deadlock costs one deadline per candidate, not one per profile.
 
 torchrun mode (``python -m kernelslot.verify.collective`` under torchrun): :mod:`kernelslot.verify.collective.cli`.
 """
@@ -32,41 +46,52 @@ from typing import Any, Sequence
 
 import torch
 
-from kernelslot.abi import AllocatedOutput, Role, allocate_output
-from kernelslot.abi.tensor_spec import allocate_plain, canary_value
-from kernelslot.isolation.observe import TensorMeta, translate_meta
+from kernelslot.abi import AllocatedOutput
+from kernelslot.abi.tensor_spec import canary_value
+from kernelslot.isolation.observe import TensorMeta, bits_equal
 from kernelslot.isolation.runner import CallObservation
-from kernelslot.isolation.wire import share_storage, tensor_desc
 from kernelslot.slots.base import Candidate, Case, KernelSource, Profile, SlotDef
-from kernelslot.slots.collective import RankShare, rank_shares, world_of
-from kernelslot.verify.cases import call_args, clone_case, make_case, new_result, profile_runs, route, select_profiles, tensors_in, to_device
+from kernelslot.slots.collective import rank_shares, world_of
+from kernelslot.verify.cases import clone_case, make_case, new_result, profile_runs, route, select_profiles, tensors_in
 from kernelslot.verify.checks import CALL_CHECKS, SINGLE_DEVICE_CHECKS, check_call, check_inputs, finish_checks, snapshot
 from kernelslot.verify.collective.session import CollectiveSession, SessionError
+from kernelslot.verify.collective.tensors import RankTensors, state_text
 from kernelslot.verify.envelope import declared_bounds
 from kernelslot.verify.options import Progress, VerifyOptions
 from kernelslot.verify.plan import PlannedCall, planner_for, refill_inputs
 from kernelslot.verify.verdict import FAIL, Check, ProfileResult, SlotReport
 
-__all__ = ["verify_collective", "ProfileCheck", "call_sequence", "call_label", "call_check", "collective_overrun"]
+__all__ = ["verify_collective", "ProfileCheck", "call_sequence", "call_label", "call_check", "collective_overrun",
+           "SETTLE_S", "THREAD_SETTLE_S"]
 
 _STALL_FRACTION = 0.75  # a rank reports its stack after this fraction of the deadline
+SETTLE_S = 0.02  # the settle window after every call (the worker runner's default)
+THREAD_SETTLE_S = 0.25  # ... after a call that left a thread it started alive (a late writer sleeps in one)
 
 
 def call_label(call: PlannedCall) -> str:
     """The label a rank's failure message starts with (``replay 2: ``; empty for the first call)."""
     if call.graph:
         return f"graph {call.graph}: "
+    if call.refill in ("reprepare", "repeat"):
+        return call.label
     return "plain-output call: " if call.plain else f"replay {call.draw}: " if call.draw else ""
 
 
 def call_check(call: PlannedCall) -> str:
     """The check a call's comparison counts for."""
-    return Check.GRAPH_REPLAY if call.graph else Check.REPLAY if call.draw else Check.COMPARE
+    if call.graph:
+        return Check.GRAPH_REPLAY
+    return Check.REPREPARE if call.refill == "reprepare" else Check.REPLAY if call.draw else Check.COMPARE
 
 
-def call_sequence(opts: VerifyOptions, graphs: bool) -> list[PlannedCall]:
-    """The calls of one profile × seed: the call plan's (no state steps yet), then the graph steps on CUDA."""
-    calls = list(planner_for(opts).plan().calls)
+def call_sequence(defn: SlotDef, opts: VerifyOptions, graphs: bool) -> list[PlannedCall]:
+    """The calls of one profile × seed: the call plan's with its state steps (a re-prepare for slots with
+    ``prepare``, the repeat on poisoned scratch; collective slots declare no metamorphic relation), then
+    the graph steps on CUDA."""
+    if defn.relations:
+        raise ValueError(f"{defn.name}: the collective referee makes no metamorphic step; a collective slot declares no relation")
+    calls = list(planner_for(opts).plan(reprepare=defn.slot.needs_prepare, repeat=True).calls)
     if graphs:
         calls += [PlannedCall(1000, "full", "nan", graph="capture"), PlannedCall(1001, "full", "nan", graph="replay"),
                   PlannedCall(1002, "tail", "nan", graph="replay")]
@@ -105,83 +130,9 @@ def collective_overrun(alloc: AllocatedOutput, world: int) -> str:
             "padding included, and leaves its last rows unreduced): reduce a contiguous temporary, then copy into the output")
 
 
-class _RankTensors:
-    """One rank's tensors for one profile × seed, owned by the referee (shared memory in local mode)."""
-
-    def __init__(self, share: RankShare, defn: SlotDef, outputs: dict, device: torch.device,
-                 session: CollectiveSession | None):
-        self.defn, self.session = defn, session
-        self.inputs = to_device(share.inputs, device)
-        self.prepare_args = to_device(share.prepare_args, device)
-        self.outputs = {n: allocate_output(spec, device) for n, spec in outputs.items() if spec is not None}
-        self.plain = {n: allocate_plain(spec, device) for n, spec in outputs.items() if spec is not None}
-        self.keys: dict[int, int] = {}  # StorageImpl address -> key
-        self.bases: dict[int, int] = {}  # key -> data pointer of the shared storage here
-        self._pending: list[tuple[dict, int | None]] = []
-        tensors = list(tensors_in(self.inputs).values()) + list(tensors_in(self.prepare_args).values())
-        for t in tensors + [a.base for a in (*self.outputs.values(), *self.plain.values())]:
-            self._key(t)  # shared before any identity is recorded (data pointers move once)
-        self.prep_snap = snapshot(tensors_in(self.prepare_args))
-
-    def _key(self, t: torch.Tensor) -> int:
-        storage = t.untyped_storage()
-        key = self.keys.get(storage._cdata)
-        if key is None:
-            key = self.session.new_key() if self.session else len(self.keys) + 1
-            if self.session is not None:
-                entry, fd = share_storage(storage)
-                self._pending.append(({**entry, "key": key}, fd))
-            self.keys[storage._cdata] = key
-            self.bases[key] = storage.data_ptr()
-        return key
-
-    def take_storages(self) -> tuple[list[dict], list[int]]:
-        """Storages not yet registered with the rank, and their fds (CPU storages only)."""
-        pending, self._pending = self._pending, []
-        return [e for e, _ in pending], [fd for _, fd in pending if fd is not None]
-
-    def args(self, call: PlannedCall) -> list[Any]:
-        # PREPARED / GROUP: the role itself, filled in where the call runs
-        return call_args(self.defn, self.inputs, self.plain if call.plain else self.outputs, lambda a: a.role)
-
-    def describe_args(self, values: list[Any]) -> list[dict]:
-        descs = []
-        for v in values:
-            if isinstance(v, torch.Tensor):
-                descs.append(tensor_desc(self._key(v), v))
-            elif v is Role.PREPARED:
-                descs.append({"prepared": True})
-            elif v is Role.GROUP:
-                descs.append({"group": True})
-            elif v is None:
-                descs.append({"none": True})
-            elif isinstance(v, (bool, int, float, str)):
-                descs.append({"v": v})
-            else:
-                raise TypeError(f"cannot describe a {type(v).__name__} argument to a rank; collective cases hold tensors and scalars")
-        return descs
-
-    def observation(self, reply: dict, values: list[Any]) -> CallObservation:
-        """A rank's JSON reply as a :class:`CallObservation` over this process's addresses (malformed = protocol)."""
-        obs = CallObservation()
-        if reply.get("error"):
-            obs.error, obs.cause = str(reply["error"])[:20000], str(reply.get("cause") or "exception")[:40]
-        if reply.get("returned") is not None:
-            obs.returned = str(reply["returned"])[:200]
-        meta = reply.get("meta")
-        if not isinstance(meta, list) or len(meta) != len(values):
-            raise ValueError("its observation lists no identity for every argument")
-        obs.meta_after = [translate_meta(m, v, lambda key: self.bases.get(key, 0)) for m, v in zip(meta, values)]
-        retained = reply.get("retained", [])
-        if not isinstance(retained, list):
-            raise ValueError("'retained' is not a list")
-        obs.retained = [int(i) for i in retained if isinstance(i, int) and 0 <= i < len(values)]
-        return obs
-
-
 def _finish(result: ProfileResult, performed: set[str], defn: SlotDef, graph_why: str) -> ProfileResult:
     return finish_checks(result, performed, defn, graph_why,
-                         unmade={c: "not made by the collective referee yet (docs/referee.md, Known gaps)" for c in SINGLE_DEVICE_CHECKS})
+                         unmade={c: "not made by the collective referee (docs/referee.md, Known gaps)" for c in SINGLE_DEVICE_CHECKS})
 
 
 class ProfileCheck:
@@ -193,38 +144,83 @@ class ProfileCheck:
         self.result = new_result(defn, profile, seed, cand.name)
         self.world = world_of(profile)
         self.graphs = torch.device(opts.device).type == "cuda" and opts.graph and cand.graph_safe
-        self.calls = call_sequence(opts, self.graphs)
+        self.calls = call_sequence(defn, opts, self.graphs)
         self.case = make_case(defn, profile, seed, 0)
         self.live = self.case.live_names()
         self.devices = list(devices)
-        self.ranks = [_RankTensors(share, defn, dict(self.case.outputs), devices[r], session)
+        self.ranks = [RankTensors(share, defn, dict(self.case.outputs), devices[r], session)
                       for r, share in enumerate(rank_shares(self.case))]
         self.performed: set[str] = set()
+        self.last: list[dict[str, torch.Tensor] | None] = [None] * self.world  # each rank's last clean outputs (repeat)
+        self.replace_ranks = ""  # why the ranks must not serve another profile (state that could not be put back)
+        self.load_failed = ""  # why the candidate could not be loaded, when it could not
 
     def graph_why(self) -> str:
         """Why the graph-replay check was skipped (when it was)."""
         return "not graph_safe" if not self.cand.graph_safe else "no CUDA device" if not self.graphs else "not reached"
 
-    def prepare_failed(self, rank: int, reply: dict) -> bool:
-        """Record a rank's load/prepare failure, or a prepare that changed its arguments."""
+    def prepare_failed(self, rank: int, reply: dict, again: bool = False) -> bool:
+        """Record a rank's load/prepare failure (``again``: of the re-prepare step), a prepare that changed
+        its arguments, or numeric state the load or prepare changed (a failure, but the calls go on)."""
+        try:
+            changed = state_text(reply)
+        except TypeError:
+            changed = "its report of the numeric state is malformed"
+        what = "re-prepare(): " if again else "load/prepare: "
+        if changed:
+            self.result.record(Check.GLOBAL_STATE_CHANGED, FAIL, f"rank {rank}: {what}{changed}")
+        self.unrestored(rank, reply)
         if reply.get("error"):
-            check = Check.PREPARE if reply.get("cause") != "load_failed" or self.defn.slot.needs_prepare else Check.RAISED
+            load = reply.get("cause") == "load_failed"
+            check = Check.REPREPARE if again else Check.PREPARE if not load or self.defn.slot.needs_prepare else Check.RAISED
             text = str(reply["error"])[:20000].strip()
-            self.result.record(check, FAIL, f"rank {rank}: {'could not load the candidate' if reply.get('cause') == 'load_failed' else 'prepare() raised'}: "
+            self.result.record(check, FAIL, f"rank {rank}: {'could not load the candidate' if load else what.rstrip(': ') + ' raised'}: "
                                f"{text.splitlines()[-1] if text else ''}\n{text}")
+            if load:
+                self.load_failed = f"the candidate failed to load: {text.splitlines()[-1] if text else 'no reason given'}"
             return True
         rt = self.ranks[rank]
         scratch = ProfileResult("", "", "", "", 0, "")
-        if not check_inputs(scratch, tensors_in(rt.prepare_args), rt.prep_snap, "prepare(): "):
+        if not check_inputs(scratch, tensors_in(rt.prepare_args), rt.prep_snap, "re-prepare(): " if again else "prepare(): "):
             self._merge(rank, scratch)
             return True
         if self.defn.slot.needs_prepare:
             self.performed.add(Check.PREPARE)
         return False
 
+    def unrestored(self, rank: int, reply: dict) -> None:
+        """A rank whose numeric state could not be put back (its reply says so) serves no further profile."""
+        if reply.get("global_state_unrestored") and not self.replace_ranks:
+            self.replace_ranks = f"rank {rank}: numeric state that could not be put back"
+
+    def prepare_frames(self) -> list[tuple[dict, list[int]]]:
+        """The re-prepare step's request to every rank: ``prepare`` again on its (reloaded) weights."""
+        return [({"op": "prepare", "args": rt.describe_args(list(rt.prepare_args))}, []) for rt in self.ranks]
+
+    def _reload(self, draw: int) -> None:
+        """The weights of draw ``draw`` written into every rank's weight storages (a reload in place: same
+        storages, new values) and that draw's live inputs taken for the next call; ``prepare`` runs again next."""
+        fresh = rank_shares(make_case(self.defn, self.profile, self.seed, draw))
+        shares = []
+        for rt, old, new in zip(self.ranks, rank_shares(self.case), fresh):
+            weights, values = tensors_in(rt.prepare_args), tensors_in(new.prepare_args)
+            if list(weights) != list(values) or any((t.shape, t.dtype) != (values[k].shape, values[k].dtype) for k, t in weights.items()):
+                raise ValueError(f"{self.defn.name}/{self.profile.label}: make_case draws prepare arguments of other shapes "
+                                 "for another call id (a catalog defect: shapes must depend on the profile only)")
+            for name, t in weights.items():
+                t.copy_(values[name])
+            rt.prep_snap = snapshot(weights)
+            shares.append(dataclasses.replace(old, inputs={**old.inputs, **{n: new.inputs[n] for n in self.live}},
+                                              prepare_args=new.prepare_args))
+        self.case = dataclasses.replace(self.case, inputs=shares[0].inputs, prepare_args=shares[0].prepare_args,
+                                        meta={**self.case.meta, "per_rank": shares})
+
     def begin(self, call: PlannedCall) -> list[list[Any]]:
-        """Refill every rank's live inputs in place and poison its outputs; returns each rank's arguments."""
-        if call.draw:
+        """Refill every rank's live inputs in place (a re-prepare step reloads the weights too; a repeat keeps
+        the inputs) and poison its outputs; returns each rank's arguments."""
+        if call.refill == "reprepare":
+            self._reload(call.draw)
+        elif call.refill != "repeat" and call.draw:
             self.case = _advance(self.case, make_case(self.defn, self.profile, self.seed, call.draw), self.live, call.refill,
                                  call.pick)
         gen = torch.Generator().manual_seed(secrets.randbits(63))
@@ -255,6 +251,8 @@ class ProfileCheck:
         label = call_label(call)
         check_inputs(scratch, rt.inputs, in_snap, label)
         check_inputs(scratch, tensors_in(rt.prepare_args), rt.prep_snap, label + "weights: ")
+        if call.refill == "repeat" and obs.error is None and self.last[rank] is not None:
+            self._same_bits(scratch, outs, self.last[rank], label)  # first: poisoned scratch in an output is its finding
         names = [a.name for a in self.defn.slot.args]
         usable = check_call(scratch, obs, names, list(outs), outs, out_meta, {k: m for k, (_, m) in in_snap.items()}, label)
         for name, alloc in outs.items():
@@ -262,20 +260,74 @@ class ProfileCheck:
             for c in scratch.checks:
                 if why and c.name == Check.OUT_OF_BOUNDS_WRITE and f"output {name}:" in c.message:
                     c.message += why
-        self.performed.update(CALL_CHECKS)
+        self.performed.update(CALL_CHECKS + ((Check.GLOBAL_STATE_CHANGED,) if obs.error is None else ()))
         self._merge(rank, scratch)
+        self.last[rank] = None
         if not usable:
             return
         check = call_check(call)
         self.performed.add(check)
         expected = self.defn.reference(clone_case(self.case))
+        compared = True
         for name, alloc in outs.items():
             verdict = self.defn.comparator_for(name, self.profile).compare(alloc.view.detach().cpu(), expected[name])
             key = f"{name}.{verdict.metric}"
             self.result.metrics[key] = min(self.result.metrics.get(key, verdict.value), verdict.value)
             if not verdict.passed:
+                compared = False
                 self.result.record(check, FAIL, f"rank {rank}: {label}{name}: {verdict.describe()}"
                                    + self._near_miss(name, alloc.view.detach().cpu()))
+        if compared and not scratch.failures():  # what a repeat of this call must reproduce bit for bit
+            self.last[rank] = {n: a.view.detach().cpu().clone() for n, a in outs.items()}
+
+    def _same_bits(self, scratch: ProfileResult, outs: dict[str, AllocatedOutput], before: dict[str, torch.Tensor],
+                   label: str) -> None:
+        """The ``determinism`` verdict of a repeated call: every output bitwise equal to the previous call's."""
+        self.performed.add(Check.DETERMINISM)
+        for name, alloc in outs.items():
+            now = alloc.view.detach().cpu()
+            if not bits_equal(now, before[name]):
+                differ = (now.contiguous().view(torch.uint8) != before[name].contiguous().view(torch.uint8)).sum().item()
+                scratch.record(Check.DETERMINISM, FAIL, f"{label}{name}: {differ} byte(s) differ from the previous call on the "
+                               "same inputs; the freed memory of the allocators was filled with poison (NaN) before this "
+                               "call: does the kernel read scratch it never wrote?")
+
+    def settle(self, call: PlannedCall, session: CollectiveSession, started: list[set[int]]) -> bool:
+        """The settle window after a call every rank returned from: no tensor of any rank may change and no
+        rank thread may keep using CPU (each a ``raised`` failure: ``late_write``, ``thread_left_running``).
+        ``started``: each rank's threads before the call; where the call left one it started alive, the
+        window is :data:`THREAD_SETTLE_S`. False (the ranks must be replaced) on a finding."""
+        watched = [[(n, t, t.detach().clone()) for n, t in rt.tensors(call.plain)] for rt in self.ranks]
+        new = [now - before for now, before in zip(session.threads(), started)]
+        window = THREAD_SETTLE_S if any(new) else SETTLE_S
+        busy, numeric = session.settle(window)
+        label = call_label(call)
+        self._outside(numeric, label or "call 0: ")
+        clean = True
+        for rank, tensors in enumerate(watched):
+            changed = [n for n, t, copy in tensors if not bits_equal(t.detach(), copy)]
+            if changed:
+                self.result.record(Check.RAISED, FAIL, f"rank {rank}: {label}late_write: {changed[0]} changed within "
+                                   f"{window * 1e3:g} ms after entry returned (a background thread or stream still "
+                                   "writing?); all work must finish before entry returns")
+            elif rank in busy:
+                self.result.record(Check.RAISED, FAIL, f"rank {rank}: {label}thread_left_running: {busy[rank]}")
+            clean &= not changed and rank not in busy
+        return clean
+
+    def observe_outside(self, session: CollectiveSession, label: str) -> None:
+        """Every rank thread's floating-point control state, read from outside after a load or prepare
+        exchange (after a call: in its settle window)."""
+        self._outside(session.numeric_changes(), label)
+
+    def _outside(self, numeric: dict[int, list[str]], label: str) -> None:
+        """Record what an outside reading found: a change fails ``global_state_changed`` and cannot be put
+        back from here (the ranks are replaced)."""
+        for rank, lines in sorted(numeric.items()):
+            text = "; ".join(lines[:4]) + (f" (+{len(lines) - 4} more)" if len(lines) > 4 else "")
+            self.result.record(Check.GLOBAL_STATE_CHANGED, FAIL, f"rank {rank}: {label}read from outside the rank "
+                               f"process (ptrace), candidate code left changed: {text}")
+            self.replace_ranks = self.replace_ranks or text
 
     def _near_miss(self, name: str, actual: torch.Tensor) -> str:
         """Which of the slot's named near-misses the output matches, if any (the likely cause)."""
@@ -300,24 +352,32 @@ def _job_frames(check: ProfileCheck, src: KernelSource, stall_after_s: float) ->
     return frames
 
 
-def _run_profile(session: CollectiveSession, defn: SlotDef, cand: Candidate, src: KernelSource, profile: Profile,
-                 seed: int, opts: VerifyOptions) -> ProfileResult:
-    check = ProfileCheck(defn, cand, profile, seed, opts, [session.rank_device(r) for r in range(world_of(profile))], session)
+def _run_profile(session: CollectiveSession, check: ProfileCheck, src: KernelSource) -> ProfileResult:
+    """One profile × seed in ``session``'s ranks: the job (load, prepare), every planned call with its
+    checks and settle window, then the release; the session is left broken where its ranks must not
+    serve another profile."""
     seq = 0
     replies, lines = session.exchange(_job_frames(check, src, _STALL_FRACTION * session.timeout_s), "prepared", seq, "load/prepare")
-    stop = bool(lines)
-    for rank, reply in sorted(replies.items()):
-        stop |= check.prepare_failed(rank, reply)
+    stop = bool(lines) | any([check.prepare_failed(rank, reply) for rank, reply in sorted(replies.items())])
+    if not lines:
+        check.observe_outside(session, "load/prepare: ")
     for call in check.calls if not stop else ():
         seq += 1
         values = check.begin(call)
+        if call.refill == "reprepare":
+            replies, lines = session.exchange(check.prepare_frames(), "prepared", seq, "re-prepare")
+            if lines or any([check.prepare_failed(rank, reply, again=True) for rank, reply in sorted(replies.items())]):
+                break
+            check.observe_outside(session, "re-prepare(): ")
+            seq += 1
         frames = []
         for rt, vals in zip(check.ranks, values):
             descs = rt.describe_args(vals)
             storages, fds = rt.take_storages()
             frames.append(({"op": "call", "args": descs, "storages": storages, "graph": call.graph,
-                            "private": call.private}, fds))
+                            "private": call.private, "scratch": call.scratch}, fds))
         step = call_label(call).rstrip(": ") or "call 0"
+        started = session.threads()
         replies, lines = session.exchange(frames, "called", seq, step)
         raised = False
         for rank, reply in sorted(replies.items()):
@@ -328,14 +388,19 @@ def _run_profile(session: CollectiveSession, defn: SlotDef, cand: Candidate, src
                 lines.append(f"rank {rank}: protocol: a malformed observation during {step} ({exc})")
                 continue
             check.judge(call, rank, obs)
+            check.unrestored(rank, reply)
             raised |= obs.error is not None
         if lines or raised:
+            break
+        if not check.settle(call, session, started):
+            session.broken = True  # a candidate thread still runs in a rank
             break
     if not session.broken:
         seq += 1
         _, release_lines = session.exchange([({"op": "release", "keys": list(rt.bases)}, []) for rt in check.ranks],
                                             "released", seq, "the end of the profile")
         lines += release_lines
+    session.broken |= bool(check.replace_ranks)
     for line in lines:
         check.result.record(Check.RAISED, FAIL, line)
     return check.finish()
@@ -356,9 +421,10 @@ def verify_collective(defn: SlotDef, candidates: Candidate | Sequence[Candidate]
     model = opts.model or next((c.model for c in cands if c.model), None)
     profiles = [p for p in select_profiles(defn, opts, model) if world_of(p) in opts.world_sizes]
     runs = profile_runs(defn, profiles, opts)  # drawn profiles keep their base's world size
+    unavailable: dict[KernelSource, str] = {}  # sources that hung, lost a rank or failed to load: why
     try:
         for profile, seed in runs:
-            result = _verify_one(defn, cands, profile, seed, opts, sessions)
+            result = _verify_one(defn, cands, profile, seed, opts, sessions, unavailable, report.notes)
             report.results.append(result)
             if progress:
                 progress(result)
@@ -395,7 +461,9 @@ def _record_world_envelope(report: SlotReport, cands: list[Candidate], profiles:
 
 
 def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: int, opts: VerifyOptions,
-                sessions: dict[int, CollectiveSession]) -> ProfileResult:
+                sessions: dict[int, CollectiveSession], unavailable: dict[KernelSource, str], notes: list[str]) -> ProfileResult:
+    """One profile run: routed to its variant, skipped as not run where that candidate already hung, lost a
+    rank or failed to load, else run in the world size's session (started here if needed)."""
     cand, skipped = route(defn, cands, profile, seed, opts.device)
     if cand is None:
         res = new_result(defn, profile, seed, "-")
@@ -404,6 +472,10 @@ def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: i
     world = world_of(profile)
     try:
         src = cand.kernel.origin()
+        if src in unavailable:
+            res = new_result(defn, profile, seed, cand.name)
+            res.skipped_reason = f"not run: {unavailable[src]}"
+            return res
         if world not in sessions:
             sessions[world] = CollectiveSession(world, opts.device, opts.collective_timeout_s)
         elif sessions[world].timeout_s != opts.collective_timeout_s or sessions[world].device != opts.device:
@@ -415,8 +487,14 @@ def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: i
         res.record(Check.RAISED, FAIL, str(exc))
         return _finish(res, set(), defn, "not reached")
     session = sessions[world]
-    result = _run_profile(session, defn, cand, src, profile, seed, opts)
+    if session.unobserved and not any(session.unobserved in n for n in notes):
+        notes.append(f"world {world}: the ranks' floating-point control state was not read from outside "
+                     f"({session.unobserved}); numeric state was judged from the ranks' own reports only")
+    check = ProfileCheck(defn, cand, profile, seed, opts, [session.rank_device(r) for r in range(world)], session)
+    result = _run_profile(session, check, src)
+    if session.fatal or check.load_failed:  # a hang costs one deadline per candidate, not one per profile
+        unavailable[src] = (f"{session.fatal or check.load_failed}, in {profile.label} seed {seed}; a hang, a dead rank "
+                            "or a failed load ends the candidate's verification (one deadline per candidate, not per profile)")
     if session.broken:
         sessions.pop(world).close()
     return result
-
