@@ -152,6 +152,7 @@ class ProfileCheck:
                       for r, share in enumerate(rank_shares(self.case))]
         self.performed: set[str] = set()
         self.last: list[dict[str, torch.Tensor] | None] = [None] * self.world  # each rank's last clean outputs (repeat)
+        self.inside_changed = [False] * self.world  # whether the rank's own snapshot saw a change in its last exchange
         self.replace_ranks = ""  # why the ranks must not serve another profile (state that could not be put back)
         self.load_failed = ""  # why the candidate could not be loaded, when it could not
 
@@ -167,6 +168,7 @@ class ProfileCheck:
         except TypeError:
             changed = "its report of the numeric state is malformed"
         what = "re-prepare(): " if again else "load/prepare: "
+        self.inside_changed[rank] = bool(changed)
         if changed:
             self.result.record(Check.GLOBAL_STATE_CHANGED, FAIL, f"rank {rank}: {what}{changed}")
         self.unrestored(rank, reply)
@@ -261,6 +263,7 @@ class ProfileCheck:
                 if why and c.name == Check.OUT_OF_BOUNDS_WRITE and f"output {name}:" in c.message:
                     c.message += why
         self.performed.update(CALL_CHECKS + ((Check.GLOBAL_STATE_CHANGED,) if obs.error is None else ()))
+        self.inside_changed[rank] = bool(obs.state_changed)
         self._merge(rank, scratch)
         self.last[rank] = None
         if not usable:
@@ -325,8 +328,10 @@ class ProfileCheck:
         back from here (the ranks are replaced)."""
         for rank, lines in sorted(numeric.items()):
             text = "; ".join(lines[:4]) + (f" (+{len(lines) - 4} more)" if len(lines) > 4 else "")
+            inside = self.inside_changed[rank]
             self.result.record(Check.GLOBAL_STATE_CHANGED, FAIL, f"rank {rank}: {label}read from outside the rank "
-                               f"process (ptrace), candidate code left changed: {text}")
+                               f"process (ptrace), candidate code left changed: {text}" + ("" if inside else
+                               "; the rank's own snapshot reported no change (replaced by the candidate?)"))
             self.replace_ranks = self.replace_ranks or text
 
     def _near_miss(self, name: str, actual: torch.Tensor) -> str:

@@ -383,16 +383,25 @@ class CollectiveSession:
 
     def numeric_changes(self) -> dict[int, list[str]]:
         """Per group rank, what changed in its threads' floating-point control state (and scheduling) since
-        the last reading, read from outside (:func:`kernelslot.isolation.fpcontrol.diff`); each reading
-        replaces the last. Empty where tracing is not permitted (``unobserved`` says why)."""
+        the last reading, read from outside (:func:`kernelslot.isolation.fpcontrol.diff`); threads that
+        could not be stopped to be read are a finding too (after one retry), as in the worker runner.
+        Each reading replaces the last. Empty where tracing is not permitted (``unobserved`` says why)."""
         if self.unobserved:
             return {}
         changed = {}
         for rank, pid in enumerate(self.pids):
             now = fpcontrol.observe(pid)
+            if now.error is None and not now.observed:
+                time.sleep(0.05)
+                now = fpcontrol.observe(pid)
+            if now.error is not None:  # the rank is gone: its exchange's own outcome says why
+                continue
             lines = fpcontrol.diff(self._fp[rank], now)
-            if now.error is None:
-                self._fp[rank] = now
+            unread = [t for t in now.threads.values() if t.control is None]
+            if unread:
+                lines.append(f"[not_observed] {len(unread)} rank thread(s) could not be stopped within 250 ms to read "
+                             "their floating-point state")
+            self._fp[rank] = now
             if lines:
                 changed[rank] = lines
         return changed
