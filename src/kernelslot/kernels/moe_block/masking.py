@@ -46,7 +46,7 @@ def local_expert_index(expert_index: torch.Tensor, rank_id: int, num_local_exper
 
 def routed_indicator(local_index: torch.Tensor, num_local_experts: int) -> torch.Tensor:
     """``(T, K)`` local ids (``-1`` = none) -> fp32 ``(T, E_L)``: 1 where the token routed to the expert."""
-    hits = torch.zeros(local_index.shape[0], num_local_experts + 1, dtype=torch.float32)
+    hits = torch.zeros(local_index.shape[0], num_local_experts + 1, dtype=torch.float32, device=local_index.device)
     slot = torch.where(local_index >= 0, local_index, torch.full_like(local_index, num_local_experts))
     hits.scatter_(1, slot, 1.0)
     return hits[:, :num_local_experts]

@@ -39,11 +39,14 @@ Pseudocode::
 The keystone is the seed's name for ``router_pre_norm ∧ ¬norm_topk_prob``
 (:attr:`MoeBlockConfig.needs_index_mask`): the one condition under which the router leaves
 dense affinities, so the all-expert path must re-apply the top-K index mask.
+
+:func:`block_forward` is the pseudocode after ``native_block`` with the expert leaves as parameters
+(the Triton variant, ``kernels/triton/moe_block.py``, passes its own); it returns ``out`` as fp32.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -127,11 +130,34 @@ def moe_block_tkg(
     router_logits: Optional[torch.Tensor] = None,
 ) -> None:
     """The fused decode block; writes ``out`` (and the optional outputs) in place."""
-    cfg = params.config
-    if x.dim() != 2 or x.shape[1] != params.experts.hidden_size:
-        raise ValueError(f"moe_block: x must be (T, H={params.experts.hidden_size}), got {tuple(x.shape)}")
+    check_hidden(x, params)
     if native_block(params, x, residual, eps, out, out_residual, router_logits):
         return
+    out.copy_(block_forward(x, residual, params, eps, out_residual, router_logits))
+
+
+def check_hidden(x: torch.Tensor, params: MoeBlockParams) -> None:
+    """Raise ValueError unless ``x`` is ``(T, H)`` with the experts' hidden size."""
+    if x.dim() != 2 or x.shape[1] != params.experts.hidden_size:
+        raise ValueError(f"moe_block: x must be (T, H={params.experts.hidden_size}), got {tuple(x.shape)}")
+
+
+Leaf = Callable[..., torch.Tensor]  # the leaves.py boundary: (weights, h, local_index, affinities, act, scaling, mx) -> fp32 (T, H)
+
+
+def block_forward(
+    x: torch.Tensor,
+    residual: Optional[torch.Tensor],
+    params: MoeBlockParams,
+    eps: float,
+    out_residual: Optional[torch.Tensor] = None,
+    router_logits: Optional[torch.Tensor] = None,
+    selective: Leaf = selective_experts,
+    all_expert: Leaf = all_expert_experts,
+) -> torch.Tensor:
+    """The module pseudocode after ``native_block``, with ``selective`` / ``all_expert`` as the expert
+    leaves (the shared expert runs on ``selective``); fills ``out_residual`` and ``router_logits``, returns ``out`` as fp32 ``(T, H)``."""
+    cfg = params.config
     h = residual_rmsnorm(x, residual, params.gamma, eps, out_residual)
     routed = route(
         h, params.router_weight, cfg.top_k, cfg.router_activation, cfg.router_pre_norm, cfg.norm_topk_prob,
@@ -146,13 +172,11 @@ def moe_block_tkg(
             routed.affinities, routed.expert_index, cfg.rank_id, cfg.num_local_experts,
             apply_index_mask=cfg.needs_index_mask and cfg.scaling is ScalingMode.POST_SCALE,
         )
-        acc = all_expert_experts(params.experts, h, local_index, masked, cfg.activation, cfg.scaling, mx_act_quant)
+        acc = all_expert(params.experts, h, local_index, masked, cfg.activation, cfg.scaling, mx_act_quant)
     else:
-        acc = selective_experts(
-            params.experts, h, local_index, routed.topk_affinities, cfg.activation, cfg.scaling, mx_act_quant
-        )
+        acc = selective(params.experts, h, local_index, routed.topk_affinities, cfg.activation, cfg.scaling, mx_act_quant)
     if cfg.routed_scaling_factor != 1.0:
         acc = acc * cfg.routed_scaling_factor
     if params.shared is not None:
-        acc = acc + shared_expert_forward(params.shared, h)
-    out.copy_(acc)
+        acc = acc + shared_expert_forward(params.shared, h, selective)
+    return acc

@@ -31,6 +31,8 @@ matmuls and the formula-level activation.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from kernelslot.kernels.experts_spec import ScalingMode
@@ -42,14 +44,15 @@ from kernelslot.kernels.moe_block.projections import gated_activation_reference,
 MX_FORMATS = ("mxfp4", "mxfp8")
 
 
-def shared_expert_forward(shared: SharedExpert, h: torch.Tensor) -> torch.Tensor:
-    """Every token through the one shared expert, on the selective leaf (so the leaf's
-    dispatcher can serve it natively when its layout is attached)."""
+def shared_expert_forward(shared: SharedExpert, h: torch.Tensor, selective: Callable[..., torch.Tensor] = selective_experts
+                          ) -> torch.Tensor:
+    """Every token through the one shared expert, on the ``selective`` leaf (by default the torch
+    leaf, so its dispatcher can serve it natively when its layout is attached)."""
     w = shared.weights
     tokens = h.shape[0]
-    only = torch.zeros(tokens, 1, dtype=torch.long)
-    y = selective_experts(w, h, only, torch.ones(tokens, 1), shared.activation, ScalingMode.POST_SCALE,
-                          w.format in MX_FORMATS)
+    only = torch.zeros(tokens, 1, dtype=torch.long, device=h.device)
+    y = selective(w, h, only, torch.ones(tokens, 1, device=h.device), shared.activation, ScalingMode.POST_SCALE,
+                  w.format in MX_FORMATS)
     if shared.gate is not None:
         y = y * torch.sigmoid(h.float() @ shared.gate.float()).unsqueeze(1)
     return y
