@@ -43,7 +43,8 @@ SILU = ExpertActivation("silu")
 SWIGLUOAI = ExpertActivation.swigluoai(1.702, 7.0)
 
 
-def _from_nvfp4_view(view: Nvfp4MoeLayer) -> ExpertWeights:
+def nvfp4_expert_weights(view: Nvfp4MoeLayer) -> ExpertWeights:
+    """The slot's NVFP4 view as ``format="nvfp4"`` weights: scales unswizzled, outer ``g_alpha·a_inv`` per expert."""
     e, two_i, half_h = view.w13_weight.shape
     hidden, inter = half_h * 2, view.intermediate_size
     return ExpertWeights(
@@ -61,7 +62,7 @@ def prepare(w13_or_tag, w2_or_view) -> ExpertWeights:
     if isinstance(w13_or_tag, str):
         if w13_or_tag != NVFP4_TAG or not isinstance(w2_or_view, Nvfp4MoeLayer):
             raise ValueError(f"prepare: tagged form must be prepare({NVFP4_TAG!r}, Nvfp4MoeLayer), got {w13_or_tag!r}")
-        weights = _from_nvfp4_view(w2_or_view)
+        weights = nvfp4_expert_weights(w2_or_view)
         attach_fast_paths(weights)  # native CPU layout, built once here
         return weights
     return prepare_fused_experts(w13_or_tag, w2_or_view)
