@@ -7,6 +7,7 @@ from kernelslot.abi import AllClose, PermuteTokens, UlpShare, Arg, CallDescripto
 from kernelslot.kernels import activation as builtin
 from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic, nbytes,
                                    output_traffic, randn)
+from kernelslot.slots.triton_variants import superseded_by, triton_variant
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -84,6 +85,7 @@ def _traffic(case: Case) -> Traffic:
 
 
 INCUMBENT = Kernel(builtin.silu_and_mul, name="builtin.silu_and_mul")
+TRITON = triton_variant("activation", "silu_and_mul", name="triton.silu_and_mul", graph_safe=True)
 
 SLOTS = (
     SlotDef(
@@ -98,7 +100,7 @@ SLOTS = (
             for dt in DTYPES
         ),
         incumbent=INCUMBENT,
-        builtins=(Candidate(INCUMBENT, graph_safe=True),),
+        builtins=(TRITON, Candidate(INCUMBENT, graph_safe=True, needs=superseded_by(TRITON))),
         describe=_describe,
         relations=(PermuteTokens(("x",), ("out",)),),
         sizes=(("hidden_size", "d"), ("num_tokens", "lead", lambda dims, n: {**dims, "lead": (n,)})),

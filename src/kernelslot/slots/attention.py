@@ -25,6 +25,7 @@ from kernelslot.abi import Arg, CallDescriptor, MatchedRatio, OutputSpec, Role, 
 from kernelslot.kernels import attention as builtin
 from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic, cycled,
                                    multiple_of, nbytes, output_traffic, randn)
+from kernelslot.slots.triton_variants import superseded_by, triton_variant
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ADVERSARIAL = frozenset({"adversarial"})
@@ -370,6 +371,7 @@ _SDPA_DIMS = {
 
 SDPA_INCUMBENT = Kernel(builtin.sdpa, name="builtin.sdpa")
 DECODE_INCUMBENT = Kernel(builtin.decode, name="builtin.decode")
+DECODE_TRITON = triton_variant("attention", "decode", name="triton.decode", graph_safe=True)
 
 SLOTS = (
     SlotDef(
@@ -400,7 +402,7 @@ SLOTS = (
         traffic=_decode_traffic,
         sizes=_DECODE_SIZES,
         draw=_decode_draw,
-        builtins=(Candidate(DECODE_INCUMBENT, graph_safe=True),),
+        builtins=(DECODE_TRITON, Candidate(DECODE_INCUMBENT, graph_safe=True, needs=superseded_by(DECODE_TRITON))),
         near_misses=DECODE_NEAR_MISSES,
         notes="graph-safe incumbent: masks instead of data-dependent shapes; no host synchronisation",
     ),

@@ -148,15 +148,22 @@ class Needs:
     :meth:`unmet` is the reason the candidate cannot run here (its verdict is then *not run*,
     never a failure of the candidate), or None. ``blocked`` is such a reason known in advance (a
     direct artifact this machine cannot build, or whose provider cannot run on this device).
+    ``superseded_by`` names built-in variants (with their needs) routed ahead of this one that
+    serve its whole domain: on a machine where one of them can run, this one is left out, its
+    calls verified as that variant (a torch kernel where its Triton twin runs).
     """
 
     archs: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
     blocked: str | None = None
+    superseded_by: tuple[tuple[str, "Needs"], ...] = ()
 
     def unmet(self, arch: str) -> str | None:
         if self.blocked:
             return self.blocked
+        for name, needs in self.superseded_by:
+            if needs.unmet(arch) is None:
+                return f"{name} serves its calls on {arch} (verified in its place)"
         cuda = [p for p in self.packages if p in CUDA_PACKAGES]
         if arch == "cpu" and ((self.archs and "cpu" not in self.archs) or cuda):
             why = f"architectures {', '.join(self.archs)}" if self.archs and "cpu" not in self.archs else f"imports {cuda[0]}"
@@ -264,8 +271,10 @@ class SlotDef:
         return self.builtins or (Candidate(self.incumbent),)
 
     def incumbent_for(self, desc: CallDescriptor) -> Kernel:
-        """The built-in kernel that serves ``desc`` (the routed built-in variant, else the incumbent)."""
-        return next((c.kernel for c in self.builtin_candidates() if c.domain.matches(desc)), self.incumbent)
+        """The torch built-in that serves ``desc``: the routed built-in variant among those that need
+        nothing of the machine (not the Triton variants, which are timed against it), else the incumbent."""
+        return next((c.kernel for c in self.builtin_candidates()
+                     if not c.needs.packages and not c.needs.archs and c.domain.matches(desc)), self.incumbent)
 
     @property
     def name(self) -> str:

@@ -33,6 +33,7 @@ from kernelslot.kernels.experts_spec import ExpertActivation
 from kernelslot.slots.base import (LOW_BIT, Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic,
                                    multiple_of, nbytes, output_traffic, randn)
 from kernelslot.slots.models import model_profile
+from kernelslot.slots.triton_variants import superseded_by, triton_variant
 
 _F32_BF16 = (torch.float32, torch.bfloat16)
 
@@ -254,6 +255,12 @@ def _profiles() -> tuple[Profile, ...]:
 
 SILU_KERNEL = Kernel(builtin.fused_experts_silu, builtin.prepare, name="builtin.fused_experts[silu]")
 SWIGLUOAI_KERNEL = Kernel(builtin.fused_experts_swigluoai, builtin.prepare, name="builtin.fused_experts[swigluoai]")
+SILU_MODELS = CapabilityDomain.from_mapping({"model": {"one_of": ["generic", "qwen3-moe"]}})
+SWIGLUOAI_MODELS = CapabilityDomain.from_mapping({"model": {"one_of": ["MiniMax-M3", "gpt-oss"]}})
+TRITON_SILU = triton_variant("moe", "fused_experts_silu", "prepare", name="triton.fused_experts[silu]", domain=SILU_MODELS,
+                             graph_safe=True)
+TRITON_SWIGLUOAI = triton_variant("moe", "fused_experts_swigluoai", "prepare", name="triton.fused_experts[swigluoai]",
+                                  domain=SWIGLUOAI_MODELS, graph_safe=True)
 
 SLOTS = (
     SlotDef(
@@ -271,8 +278,10 @@ SLOTS = (
         draw=_draw,
         low_bit_resolution=2,
         builtins=(
-            Candidate(SILU_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["generic", "qwen3-moe"]}})),
-            Candidate(SWIGLUOAI_KERNEL, CapabilityDomain.from_mapping({"model": {"one_of": ["MiniMax-M3", "gpt-oss"]}})),
+            TRITON_SILU,
+            TRITON_SWIGLUOAI,
+            Candidate(SILU_KERNEL, SILU_MODELS, needs=superseded_by(TRITON_SILU)),
+            Candidate(SWIGLUOAI_KERNEL, SWIGLUOAI_MODELS, needs=superseded_by(TRITON_SWIGLUOAI)),
         ),
     ),
 )

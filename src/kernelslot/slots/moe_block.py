@@ -44,9 +44,10 @@ from kernelslot.kernels.moe_block import moe_block_tkg, prepare_moe_block
 from kernelslot.kernels.experts_spec import ScalingMode
 from kernelslot.kernels.moe_block.config import MoeBlockConfig, SharedExpert
 from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
-from kernelslot.slots.base import (LOW_BIT, Case, Kernel, NearMiss, OutputSpec, Pick, Profile, SlotDef, Traffic,
+from kernelslot.slots.base import (LOW_BIT, Candidate, Case, Kernel, NearMiss, OutputSpec, Pick, Profile, SlotDef, Traffic,
                                    multiple_of, nbytes, output_traffic, randn)
 from kernelslot.slots.models import MODELS
+from kernelslot.slots.triton_variants import superseded_by, triton_variant
 
 __all__ = ["MoeBlockLayer", "make_expert_weights", "moe_block_reference", "SLOT", "SLOTS"]
 
@@ -584,6 +585,9 @@ SLOT = Slot(
     summary="fused MoE decode block: residual + RMSNorm -> router top-K -> experts (+ shared), seed 003",
 )
 
+INCUMBENT = Kernel(entry=moe_block_tkg, prepare=prepare_moe_block, name="kernelslot.moe_block_tkg")
+TRITON = triton_variant("moe_block", "moe_block_tkg", "prepare", name="triton.moe_block_tkg")
+
 SLOTS: tuple[SlotDef, ...] = (
     SlotDef(
         slot=SLOT,
@@ -593,7 +597,8 @@ SLOTS: tuple[SlotDef, ...] = (
         comparator={"out": MatchedRatio(0.97, row_scaled_atol=True), "out_residual": MatchedRatio(0.97),
                      "router_logits": MatchedRatio(0.97)},
         profiles=_PROFILES,
-        incumbent=Kernel(entry=moe_block_tkg, prepare=prepare_moe_block, name="kernelslot.moe_block_tkg"),
+        incumbent=INCUMBENT,
+        builtins=(TRITON, Candidate(INCUMBENT, needs=superseded_by(TRITON))),
         describe=_describe,
         prepared_state=("The layer view handed to prepare() is the same object every time, and so are its `experts` and "
                         "`shared` sub-objects: their identity (`id()`) must key nothing either."),

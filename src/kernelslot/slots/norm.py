@@ -8,6 +8,7 @@ from kernelslot.kernels import norm as builtin
 from kernelslot.slots.base import (Candidate, Case, Kernel, NearMiss, Pick, Profile, SlotDef, Traffic, nbytes,
                                    output_traffic, randn)
 from kernelslot.slots.models import model_profile
+from kernelslot.slots.triton_variants import superseded_by, triton_variant
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -106,6 +107,7 @@ def _traffic(case: Case) -> Traffic:
 
 
 INCUMBENT = Kernel(builtin.rmsnorm, name="builtin.rmsnorm")
+TRITON = triton_variant("norm", "rmsnorm", name="triton.rmsnorm", graph_safe=True)
 
 SLOTS = (
     SlotDef(
@@ -120,7 +122,7 @@ SLOTS = (
             for dt in DTYPES
         ),
         incumbent=INCUMBENT,
-        builtins=(Candidate(INCUMBENT, graph_safe=True),),
+        builtins=(TRITON, Candidate(INCUMBENT, graph_safe=True, needs=superseded_by(TRITON))),
         describe=_describe,
         relations=(PermuteTokens(("x",), ("out",)),),
         sizes=(("num_tokens", "rows"), ("hidden_size", "hidden")),
