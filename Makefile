@@ -1,5 +1,6 @@
 # Two entry points: `make verify` (the main job) and `make test`.
-# Both create .venv on first use with torch pinned to the local 2.13.0 CPU build.
+# Both create .venv on first use with torch pinned to the local 2.13.0 CPU build (and triton, whose
+# interpreter runs the Triton kernels' tests on CPU).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
@@ -11,7 +12,7 @@ $(BIN)/kernelslot: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,triton]'
 	@touch $@
 
 verify: $(BIN)/kernelslot
