@@ -33,8 +33,9 @@ def triton_variant(module: str, entry: str, prepare: str | None = None, *, name:
     holds on an sm_80+ device with triton installed, loaded by name only when it runs."""
     source = KernelSource(entry=entry, prepare=prepare, module=f"kernelslot.kernels.triton.{module}")
     cuda = CapabilityDomain.from_mapping(CUDA_DOMAIN)
-    return Candidate(Kernel(entry=None, name=name, source=source), CapabilityDomain(cuda.predicates + domain.predicates),
-                     graph_safe=graph_safe, label=name, needs=TRITON_NEEDS)
+    return Candidate(Kernel(entry=None, name=name, source=source),
+                     CapabilityDomain(cuda.predicates + domain.predicates), graph_safe=graph_safe, label=name,
+                     needs=TRITON_NEEDS)
 
 
 def superseded_by(variant: Candidate) -> Needs:

@@ -17,7 +17,8 @@ def require_interpreter() -> None:
     """Skip the calling module unless triton is installed and ``TRITON_INTERPRET=1`` (conftest.py)."""
     pytest.importorskip("triton", reason="triton not installed")
     if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("TRITON_INTERPRET is not 1: the compiled kernels are tested by test_cuda.py", allow_module_level=True)
+        pytest.skip("TRITON_INTERPRET is not 1: the compiled kernels are tested by test_cuda.py",
+                    allow_module_level=True)
 
 
 def cpu_candidate(entry: Callable, prepare: Callable | None = None) -> Candidate:

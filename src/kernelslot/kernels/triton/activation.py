@@ -37,7 +37,8 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor) -> None:
     """Write ``silu(x[..., :d]) * x[..., d:]`` into ``out`` (``x (..., 2d)``, ``out (..., d)``); returns None."""
     d = x.shape[-1] // 2
     if x.shape[-1] != 2 * d or tuple(out.shape) != (*x.shape[:-1], d):
-        raise ValueError(f"silu_and_mul: x (..., 2d) and out (..., d) expected, got {tuple(x.shape)} and {tuple(out.shape)}")
+        raise ValueError(f"silu_and_mul: x (..., 2d) and out (..., d) expected, got {tuple(x.shape)} and "
+                         f"{tuple(out.shape)}")
     if x.dim() > 3:  # split the outermost dim: views, no copies
         for i in range(x.shape[0]):
             silu_and_mul(x[i], out[i])

@@ -87,8 +87,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, req_to
     bsz, hq, d = q.shape
     hkv, _, top_blocks = topk_idx.shape
     if hq % hkv or k_cache.shape[1] != hkv or tuple(out.shape) != (bsz, hq, d) or topk_idx.shape[1] != bsz:
-        raise ValueError(f"decode: q (B, Hq, D), caches (slots, Hkv, D), topk_idx (Hkv, B, Kb) and out like q expected, got "
-                         f"{tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(topk_idx.shape)} and {tuple(out.shape)}")
+        raise ValueError(f"decode: q (B, Hq, D), caches (slots, Hkv, D), topk_idx (Hkv, B, Kb) and out like q "
+                         f"expected, got {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(topk_idx.shape)} and {tuple(out.shape)}")
     if out.numel() == 0:
         return
     group = hq // hkv

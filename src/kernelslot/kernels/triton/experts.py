@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
-from kernelslot.kernels.triton._common import (dot_precision, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, mxfp8_roundtrip_rows,
-                                               pow2, to_output)
+from kernelslot.kernels.triton._common import (dot_precision, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32,
+                                               mxfp8_roundtrip_rows, pow2, to_output)
 
 __all__ = ["expert_mlp", "sort_pairs", "FORMATS", "ACTIVATIONS"]
 
@@ -65,7 +65,8 @@ def sort_pairs(ids: torch.Tensor, num_experts: int, block_m: int = BLOCK_M) -> t
     rank = torch.arange(n, device=dev) - run_start[sorted_key]
     total = -(-(n + min(num_experts, n) * (block_m - 1)) // block_m) * block_m
     expert = sorted_key.clamp(max=num_experts - 1)
-    dest = torch.where(sorted_key < num_experts, padded_end[expert] - padded[expert] + rank, torch.full_like(rank, total))
+    slot = padded_end[expert] - padded[expert] + rank  # the pair's row in its expert's padded run
+    dest = torch.where(sorted_key < num_experts, slot, torch.full_like(rank, total))
     pairs = torch.full((total + 1,), n, dtype=torch.long, device=dev).scatter_(0, dest, order)[:total]
     starts = torch.arange(0, total, block_m, device=dev)
     block = torch.searchsorted(padded_end, starts, right=True)
@@ -159,8 +160,8 @@ def _gate_up_kernel(x_ptr, x_s0, x_s1, pairs_ptr, block_expert_ptr, n_pairs, top
         acc_u = tl.zeros((BM, BN), tl.float32)
         for k0 in range(0, hidden, BK):
             ks = k0 + tl.arange(0, BK)
-            xt = tl.load(x_ptr + token[:, None] * x_s0 + ks[None, :] * x_s1, mask=live[:, None] & (ks[None, :] < hidden),
-                         other=0.0).to(tl.float32)
+            xt = tl.load(x_ptr + token[:, None] * x_s0 + ks[None, :] * x_s1,
+                         mask=live[:, None] & (ks[None, :] < hidden), other=0.0).to(tl.float32)
             if MX_ACT:
                 xt = _mx_tile(xt, BM, BK)
             wg = _weight_tile(w_ptr, s_ptr, e, cols, ks, inter, hidden, w_se, w_sr, w_sc, s_se, s_sr, s_sc, FORMAT)

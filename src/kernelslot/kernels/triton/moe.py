@@ -27,16 +27,17 @@ def prepare(w13_or_tag, w2_or_view) -> ExpertWeights:
             raise ValueError(f"prepare: tagged form must be prepare({NVFP4_TAG!r}, Nvfp4MoeLayer), got {w13_or_tag!r}")
         return nvfp4_expert_weights(w2_or_view)
     w13, w2 = w13_or_tag, w2_or_view
-    if w13.dim() != 3 or w2.dim() != 3 or w13.shape[1] % 2 or tuple(w2.shape) != (w13.shape[0], w13.shape[2], w13.shape[1] // 2):
-        raise ValueError(f"prepare: expected w13 (E, 2I, H) and w2 (E, H, I); got {tuple(w13.shape)} and {tuple(w2.shape)}")
+    if w13.dim() != 3 or w13.shape[1] % 2 or tuple(w2.shape) != (w13.shape[0], w13.shape[2], w13.shape[1] // 2):
+        raise ValueError(f"prepare: expected w13 (E, 2I, H) and w2 (E, H, I); got {tuple(w13.shape)} and "
+                         f"{tuple(w2.shape)}")
     return ExpertWeights("dense", w13, w2)
 
 
 def _forward(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, prepared: ExpertWeights,
              act: ExpertActivation, out: torch.Tensor) -> None:
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
-        raise ValueError(f"fused_experts: topk_ids {tuple(topk_ids.shape)} and topk_weights {tuple(topk_weights.shape)} "
-                         f"must both be (M={x.shape[0]}, K)")
+        raise ValueError(f"fused_experts: topk_ids {tuple(topk_ids.shape)} and topk_weights "
+                         f"{tuple(topk_weights.shape)} must both be (M={x.shape[0]}, K)")
     expert_mlp(prepared, x, topk_ids, topk_weights.float(), act, out)
 
 
