@@ -7,9 +7,8 @@ import torch
 from kernelslot.formats.e8m0 import e8m0_to_float32
 from kernelslot.formats.elements import e2m1_to_float
 from kernelslot.formats.mx import dequantize_mx, quantize_mx
-from kernelslot.kernels.moe_block.config import ScalingMode
+from kernelslot.kernels.experts_spec import ExpertActivation, ScalingMode
 from kernelslot.kernels.moe_block.leaves import experts_reference
-from kernelslot.kernels.moe_block.spec import ExpertActivation
 from kernelslot.slots.moe_block import make_expert_weights
 from tests.kernels.triton.support import NUMPY_WARNINGS, require_interpreter
 

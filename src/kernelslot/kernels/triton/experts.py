@@ -4,7 +4,7 @@
 (ids outside ``[0, E)``, i.e. -1, contribute nothing; ``coef`` None means 1), fp32 accumulation,
 into ``out`` through its strides, rounded to ``out.dtype`` to nearest even.
 
-Weights are a :class:`~kernelslot.kernels.moe_block.spec.ExpertWeights` in any of its formats
+Weights are a :class:`~kernelslot.kernels.experts_spec.ExpertWeights` in any of its formats
 (``W13 (E, 2I, H)`` gate rows then up rows, ``W2 (E, H, I)``; module docs there): ``dense``
 (fp32/bf16/fp16), ``fp8_row`` (E4M3 bytes, fp32 scale per output row, applied after the dot),
 ``mxfp4`` / ``mxfp8`` (E2M1 codes packed two per byte, even index low / E4M3 bytes, one E8M0 scale
@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 from kernelslot.kernels.triton._common import (dot_precision, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32,
                                                mxfp8_roundtrip_rows, pow2, to_output)
 

@@ -14,7 +14,7 @@ import torch
 
 from kernelslot.formats import Nvfp4MoeLayer
 from kernelslot.kernels.moe import NVFP4_TAG, SILU, SWIGLUOAI, nvfp4_expert_weights
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 from kernelslot.kernels.triton.experts import expert_mlp
 
 __all__ = ["prepare", "fused_experts_silu", "fused_experts_swigluoai"]

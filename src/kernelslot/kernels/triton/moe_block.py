@@ -25,10 +25,9 @@ from typing import Any, Optional
 
 import torch
 
-from kernelslot.kernels.moe_block.config import ScalingMode
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights, ScalingMode
 from kernelslot.kernels.moe_block.masking import routed_indicator
 from kernelslot.kernels.moe_block.orchestrator import MoeBlockParams, block_forward, check_hidden
-from kernelslot.kernels.moe_block.spec import ExpertActivation, ExpertWeights
 from kernelslot.kernels.triton.experts import expert_mlp
 
 __all__ = ["prepare", "moe_block_tkg", "selective_leaf", "all_expert_leaf"]
