@@ -14,7 +14,7 @@ from tests.helpers import failures
 
 
 def require_interpreter() -> None:
-    """Skip the calling module unless triton is installed and ``TRITON_INTERPRET=1`` (conftest.py)."""
+    """Skip the calling module unless triton is installed and ``TRITON_INTERPRET=1`` (tests/conftest.py)."""
     pytest.importorskip("triton", reason="triton not installed")
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("TRITON_INTERPRET is not 1: the compiled kernels are tested by test_cuda.py",

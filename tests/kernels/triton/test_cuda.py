@@ -1,6 +1,6 @@
 """The compiled Triton variants on a CUDA device, as the built-ins route them (benchmarks/gpu_check.sh).
 
-Needs a CUDA device of sm_80 or later, triton, and ``TRITON_INTERPRET=0`` (conftest.py sets 1 by
+Needs a CUDA device of sm_80 or later, triton, and ``TRITON_INTERPRET=0`` (tests/conftest.py sets 1 by
 default, for the interpreted tests); skipped otherwise.
 """
 from __future__ import annotations
