@@ -141,3 +141,25 @@ def test_allclose_floor_accepts_what_fp32_math_cannot_resolve_and_nothing_more()
     assert AllClose(floor=2.0 ** -100).compare(underflowed, expected).passed
     wrong = torch.tensor([[0.0], [3.0]], dtype=torch.bfloat16)
     assert not AllClose(floor=2.0 ** -100).compare(wrong, torch.tensor([[1e-20], [3.0]], dtype=torch.float64)).passed
+
+
+def test_a_failed_allclose_names_the_rows_holding_the_differing_cells():
+    """A kernel wrong on a thin stride of rows (the arena's miner_silu_sparse) is told which rows."""
+    e = torch.randn(200, 8)
+    a = e.clone()
+    a[::64, 3] += 1.0
+    detail = AllClose().compare(a, e).detail
+    assert "4 of 1600 cells differ, in 4 of 200 rows: 0, 64, 128, 192; first at [0, 3]" in detail
+    b = torch.randn(2, 5, 4)
+    c = b.clone()
+    c[1, 3, 0] += 1.0
+    assert "in 1 of 10 rows: [1, 3];" in AllClose().compare(c, b).detail
+    many = e.clone()
+    many[:, 0] += 1.0
+    assert "in 200 of 200 rows: 0, 1, 2, 3, 4, 5, 6, 7, +192 more;" in AllClose().compare(many, e).detail
+    flat = torch.randn(6)
+    assert "rows" not in AllClose().compare(flat + 1.0, flat).detail
+    ref = torch.randn(3, 64)
+    coarse = ref.to(torch.bfloat16)
+    coarse[1] = (ref[1] * 1.01).to(torch.bfloat16)  # one row a few ulps off, within allclose's tolerance
+    assert ", in 1 of 3 rows: 1; first at [1, " in UlpShare(0.01).compare(coarse, ref).detail

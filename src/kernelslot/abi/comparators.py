@@ -188,9 +188,23 @@ def _worst(actual: torch.Tensor, expected: torch.Tensor, matched: torch.Tensor) 
     err = (actual.double() - expected.double()).abs()
     err = torch.where(torch.isnan(err), torch.full_like(err, float("inf")), err)
     return (
-        f"{int((~matched).sum())} of {matched.numel()} cells differ; first at {list(idx)}: "
+        f"{int((~matched).sum())} of {matched.numel()} cells differ{_rows(matched)}; first at {list(idx)}: "
         f"got {actual[idx].item():.6g}, expected {expected[idx].item():.6g}; max |err| {err.max().item():.3g}"
     )
+
+
+def _rows(matched: torch.Tensor, shown: int = 8) -> str:
+    """``, in 2 of 37 rows: 0, 36`` — the rows (every index but the last dimension's) holding a
+    differing cell, the first ``shown`` of them; '' for a tensor of fewer than two dimensions."""
+    if matched.dim() < 2:
+        return ""
+    bad = (~matched).reshape(-1, matched.shape[-1]).any(-1)
+    rows = bad.nonzero().flatten().tolist()
+    lead = matched.shape[:-1]
+    names = [str(r) if len(lead) == 1 else str([int(i) for i in torch.unravel_index(torch.tensor(r), lead)])
+             for r in rows[:shown]]
+    more = f", +{len(rows) - shown} more" if len(rows) > shown else ""
+    return f", in {len(rows)} of {bad.numel()} rows: {', '.join(names)}{more}"
 
 
 @dataclass(frozen=True)
@@ -318,7 +332,7 @@ class UlpShare:
         if off.any():
             idx = tuple(off.nonzero()[0].tolist())
             detail = (f"{int(off.sum())} of {off.numel()} cells more than {self.max_ulps} ulp from the correctly rounded "
-                      f"reference; first at {list(idx)}: got {actual[idx].item():.6g}, expected "
+                      f"reference{_rows(~off)}; first at {list(idx)}: got {actual[idx].item():.6g}, expected "
                       f"{expected[idx].item():.6g} ({dist[idx].item():.0f} ulps)")
         return Verdict(margin <= 1, self.metric, 1.0 - share, 1.0 - self.max_share, detail, margin)
 
