@@ -13,6 +13,7 @@ from kernelslot.abi import AllocatedOutput
 from kernelslot.isolation.observe import TensorMeta, bits_equal
 from kernelslot.isolation.runner import CallObservation
 from kernelslot.slots.base import SlotDef
+from kernelslot.verify.stores import store_hint
 from kernelslot.verify.verdict import CHECKS, FAIL, PASS, SKIP, Check, ProfileResult, traceback_summary
 
 __all__ = ["CALL_CHECKS", "SINGLE_DEVICE_CHECKS", "bits_equal", "snapshot", "check_inputs", "check_call", "not_applicable",
@@ -97,13 +98,17 @@ def check_call(
         view = alloc.view
         left = alloc.poison_mask()
         n_left = int(left.sum())
+        outside = not alloc.canary_intact()
+        hint = store_hint(name, alloc, input_meta) if n_left or outside else ""  # how it stored, for the author
+        hint = f"; {hint}" if hint else ""
         if n_left:
             first = left.nonzero()[0].tolist()
             result.record(Check.POISON_LEFT, FAIL, f"{label}output {name}: {n_left} of {view.numel()} cells never written (first at {first}; "
-                          f"poison {'finite sentinel' if alloc.poisoned_finite else 'NaN/int-min'})")
+                          f"poison {'finite sentinel' if alloc.poisoned_finite else 'NaN/int-min'}){hint}")
             ok = False
-        if not alloc.canary_intact():
-            result.record(Check.OUT_OF_BOUNDS_WRITE, FAIL, f"{label}output {name}: wrote outside its view (padding changed; honour the strides)")
+        if outside:
+            result.record(Check.OUT_OF_BOUNDS_WRITE, FAIL, f"{label}output {name}: wrote outside its view (padding changed; "
+                          f"honour the strides){hint}")
             ok = False
     if obs.retained:
         names = [arg_names[i] for i in obs.retained]
