@@ -272,6 +272,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from kernelslot.report.progress import VerifyProgress
     from kernelslot.slots import get_slot
     from kernelslot.verify import verify_slot
+    from kernelslot.verify.verdict import run_evidence, verdict_text
     from kernelslot.report.table import render_slot
 
     json_path = check_output_path("--json", args.json) if args.json else None
@@ -325,6 +326,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         not_run = [r for r in reports if r.status == "not run"]
         passed = complete and not failed and len(not_run) < len(reports)
         verdict = ("pass" if passed else "fail" if failed or not reports else "not run") if complete else "interrupted"
+        # what the verdicts rest on where not the device itself (verify/interpreted.py): said with every verdict
+        evidence = run_evidence([(r.slot, r.evidence) for r in reports if r.status != "not run"])
         receipt = {**receipt, **run_provenance(runner)}  # the native library may have been loaded meanwhile
         if store:
             store.finish_run(run_id, verdict)
@@ -335,6 +338,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
                                     bundle={"id": bundle.bundle_id, "sha256": bundle.content_hash} if bundle else None,
                                     **receipt)
             payload["status"] = verdict
+            payload["evidence"], payload["verdict"] = evidence, verdict_text(verdict, evidence)
             if json_path:
                 write_text(json_path, json.dumps(payload, indent=2, default=str))
             if html_path:
@@ -344,7 +348,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     ran = len(reports) - len(not_run)
     status = EXIT_FAIL if failed else EXIT_PASS if ran else EXIT_NOT_RUN
     summary = f"{ran - len(failed)}/{ran} slots passed in {elapsed:.1f}s"
-    _print_verdicts({EXIT_PASS: "PASS: ", EXIT_FAIL: "FAIL: ", EXIT_NOT_RUN: "NOT RUN: "}[status] + summary
+    head = {EXIT_PASS: "PASS", EXIT_FAIL: "FAIL", EXIT_NOT_RUN: "NOT RUN"}[status]
+    _print_verdicts(head + (f" ({evidence})" if evidence and status != EXIT_NOT_RUN else "") + ": " + summary
                     + (f"; failed: {', '.join(failed)}" if failed else "")
                     + (f"; not run: {'; '.join(f'{r.slot} ({r.not_run})' for r in not_run)}" if not_run else ""), console)
     return status

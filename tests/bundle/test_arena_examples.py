@@ -6,6 +6,7 @@ The bundles are Apache-2.0 and not ours: they are run through the CLI in the def
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ REJECTED = {
                                     "the current signature is entry(q, k_cache, v_cache, req_to_token",
     "miner_setup_demo": "ops[0].setup: not admitted: a host callback",
 }
-NOT_RUN = ("miner_silu_triton", "miner_rmsnorm_triton", "miner_silu_broken", "miner_silu_sparse", "miner_rmsnorm_broken")
+TRITON = ("miner_silu_triton", "miner_rmsnorm_triton", "miner_silu_broken", "miner_silu_sparse", "miner_rmsnorm_broken")
 PASSES = ("miner_silu_torch", "miner_attention_torch")  # and the override, below
 SLOW = {"miner_attention_torch"}  # ~15 s on a loaded machine
 
@@ -40,9 +41,9 @@ def results(report: dict) -> list[dict]:
     return [r for s in report["slots"] for r in s["results"] if r["status"] != "skip"]
 
 
-def failing(name: str, tmp_path: Path, capsys) -> tuple[str, list[dict], list[dict]]:
+def failing(name: str, tmp_path: Path, capsys, *extra: str) -> tuple[str, list[dict], list[dict]]:
     """Run a bundle that must fail: its output, the profile runs and the failed ones (at least one)."""
-    rc, text, report = verify(name, tmp_path, capsys)
+    rc, text, report = verify(name, tmp_path, capsys, *extra)
     assert rc == 1, text
     ran = results(report)
     failed = [r for r in ran if r["status"] == "fail"]
@@ -51,7 +52,7 @@ def failing(name: str, tmp_path: Path, capsys) -> tuple[str, list[dict], list[di
 
 
 def test_every_arena_bundle_is_covered():
-    named = set(REJECTED) | set(NOT_RUN) | set(PASSES) | {
+    named = set(REJECTED) | set(TRITON) | set(PASSES) | {
         "miner_m3_swigluoai_override", "miner_silu_broken_torch", "miner_moe_fused_experts_torch", "miner_allreduce_torch", "miner_moe_fused_experts_reduce_torch"}
     assert {p.name for p in ARENA.iterdir() if p.is_dir()} == named
 
@@ -65,11 +66,99 @@ def test_rejected_at_load_with_one_line(name, tmp_path, capsys):
     assert REJECTED[name] in lines[0]
 
 
-@pytest.mark.parametrize("name", NOT_RUN)
-def test_needs_cuda_is_not_run(name, tmp_path, capsys):
+# The Triton bundles run under Triton's interpreter on CPU tensors (verify/interpreted.py; docs/bundles.md,
+# "Triton rows on a CPU"): every verdict says so, and each failure says what a Triton author changes.
+INTERPRETED = "triton-interpreter on cpu; CUDA not run"
+RESHAPED = ("cannot be viewed as 2-D, so out.reshape(-1, ", "returns a copy and the kernel stored into the copy; "
+            "do not reshape out: store through out.stride()")
+X_STRIDES = ("tensor with x's strides (", "the kernel indexed out with those strides; index it with its own, out.stride() = ",
+             "pass out.stride(0) to the kernel as its row stride")
+ONE_ROW = ("single_token",)  # the rmsnorm profile whose out has one row: a row stride cannot be wrong there
+TWO_D_SILU = ("single_token", "ragged_rows_nonpow2", "decode_batch", "saturating_large_values")
+
+
+def interpreted(name: str, tmp_path: Path, capsys, *extra: str) -> tuple[str, list[dict], list[dict]]:
+    """A Triton bundle's failing run under the interpreter: its output, the profile runs and the failed ones."""
+    text, ran, failed = failing(name, tmp_path, capsys, *extra)
+    assert f"evidence: {INTERPRETED}]" in text and f"FAIL ({INTERPRETED}): 0/1 slots passed" in text, text
+    assert all(r["evidence"] == INTERPRETED for r in ran)
+    return text, ran, failed
+
+
+def fails_with(r: dict) -> dict[str, str]:
+    return {c["name"]: c["message"] for c in r["checks"] if c["status"] == "fail"}
+
+
+def check_reshaped(failed: list[dict]) -> None:
+    """Each failure is miner_silu_triton's launcher: a 3-D out reshaped into a copy, left poisoned."""
+    for r in failed:
+        fails = fails_with(r)
+        assert set(fails) == {"poison_left"} and all(f in fails["poison_left"] for f in RESHAPED), fails
+
+
+def check_x_strides(failed: list[dict]) -> None:
+    """Each failure is miner_rmsnorm_triton's launcher: out stored with x's row stride."""
+    for r in failed:
+        fails = fails_with(r)
+        assert set(fails) == {"poison_left", "out_of_bounds_write"}, fails
+        assert all(f in m for m in fails.values() for f in X_STRIDES), fails
+
+
+def test_silu_triton_leaves_a_reshaped_3d_out_poisoned(tmp_path, capsys):
+    _, ran, failed = interpreted("miner_silu_triton", tmp_path, capsys, "--profile", "leading_dims_3d")
+    check_reshaped(failed)
+    assert {(r["profile"], r["dtype"]) for r in failed} >= {("leading_dims_3d", "bfloat16"), ("leading_dims_3d", "float16")}
+    assert any(r["status"] == "pass" for r in ran)  # its num_tokens boundaries have one leading dimension: viewable
+
+
+def test_rmsnorm_triton_stores_out_with_x_row_stride(tmp_path, capsys):
+    _, _, failed = interpreted("miner_rmsnorm_triton", tmp_path, capsys, "--profile", "ragged_rows_nonpow2")
+    check_x_strides(failed)
+    assert "(13, 1000) tensor with x's strides (1000, 1), contiguous" in fails_with(failed[0])["poison_left"]
+
+
+def test_silu_sparse_fails_compare_naming_its_rows(tmp_path, capsys):
+    _, ran, failed = interpreted("miner_silu_sparse", tmp_path, capsys, "--profile", "ragged_rows_nonpow2")
+    assert failed == ran and all(set(fails_with(r)) == {"compare"} for r in failed)
+    rows = {r["profile"]: fails_with(r)["compare"] for r in failed}
+    assert "in 1 of 37 rows: 0;" in rows["ragged_rows_nonpow2"], rows  # SiLU dropped on every 64th row
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["miner_silu_triton", "miner_rmsnorm_triton"])
+def test_the_arena_honest_triton_bundles_fail_only_where_out_is_padded_their_way(name, tmp_path, capsys):
+    """Every profile, drawn and boundary run: each failure is the launcher's layout mistake, and they pass
+    wherever out happens to be laid out as the launcher assumes (2-D silu outputs, one-row rmsnorm outputs)."""
+    _, ran, failed = interpreted(name, tmp_path, capsys)
+    (check_reshaped if name == "miner_silu_triton" else check_x_strides)(failed)
+    fixed = {r["profile"]: r["status"] for r in ran if not r["drawn"] and "@" not in r["profile"]}
+    passing = TWO_D_SILU if name == "miner_silu_triton" else ONE_ROW
+    assert {p for p, st in fixed.items() if st == "pass"} == set(passing), fixed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["miner_silu_broken", "miner_silu_sparse", "miner_rmsnorm_broken"])
+def test_the_arena_broken_triton_bundles_fail_compare_naming_the_rows(name, tmp_path, capsys):
+    """Every profile run fails: compare, naming the rows, where out is written; elsewhere the launcher's
+    layout mistake (the broken bundles share the honest ones' launchers) is found first."""
+    _, ran, failed = interpreted(name, tmp_path, capsys)
+    assert failed == ran
+    compared = [fails_with(r)["compare"] for r in failed if "compare" in fails_with(r)]
+    rows = {"miner_silu_broken": r"in (\d+) of \1 rows: 0[,;]",  # SiLU dropped on every row
+            "miner_silu_sparse": r"in 1 of \d+ rows: 0;",  # on rows 0, 64, ...: row 0 of every profile (<= 40 rows)
+            "miner_rmsnorm_broken": r"in 1 of 1 rows: 0;"}[name]  # written whole only where out has one row
+    assert compared and all(re.search(rows, m) for m in compared), compared
+    (check_reshaped if "silu" in name else check_x_strides)([r for r in failed if "compare" not in fails_with(r)])
+
+
+@pytest.mark.parametrize("name", TRITON)
+def test_without_triton_a_triton_bundle_is_not_run(name, tmp_path, capsys, monkeypatch):
+    from kernelslot.verify import interpreted as interp
+
+    monkeypatch.setattr(interp, "importable", lambda package: package != "triton")
     rc, text, report = verify(name, tmp_path, capsys)
     assert rc == 3, text
-    assert "NOT RUN" in text and "needs CUDA" in text and "no CUDA device here" in text
+    assert "NOT RUN" in text and "needs CUDA" in text and "triton is not installed" in text
     assert report["slots"][0]["status"] == "not run" and not report["slots"][0]["results"]
 
 

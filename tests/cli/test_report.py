@@ -13,7 +13,7 @@ import pytest
 
 from kernelslot.cli import main
 from kernelslot.report.html import render_html
-from kernelslot.report.payload import SCHEMA_VERSION, load_payload
+from kernelslot.report.payload import SCHEMA_VERSION, load_payload, payload_from_store
 from kernelslot.report.progress import VerifyProgress
 from kernelslot.store import ResultStore
 from kernelslot.report.table import COLUMNS
@@ -46,11 +46,12 @@ def test_json_has_schema_version_and_the_table_columns(failing_run):
     assert {c["name"] for c in r["checks"]} <= every_check
 
 
-RUN_FIELDS = ("schema_version", "kind", "version", "command", "passed", "status", "elapsed_s", "device", "runner",
-              "seeds", "timed", "bundle", "columns", "slots")
-SLOT_FIELDS = ("slot", "kernel", "runner", "device", "results", "errors", "passed", "comparator")
+RUN_FIELDS = ("schema_version", "kind", "version", "command", "passed", "status", "evidence", "verdict", "elapsed_s",
+              "device", "runner", "seeds", "timed", "bundle", "columns", "slots")
+SLOT_FIELDS = ("slot", "kernel", "runner", "device", "results", "errors", "passed", "status", "evidence", "verdict",
+               "comparator")
 RESULT_FIELDS = ("slot", "profile", "dtype", "model", "seed", "kernel", "checks", "metrics", "timing",
-                 "skipped_reason", "status", "columns")
+                 "skipped_reason", "evidence", "status", "columns")
 
 
 def test_schema_document_names_every_field(failing_run):
@@ -231,3 +232,30 @@ def test_the_store_keeps_each_variants_verified_envelope_and_reads_it_back(tmp_p
     assert env == report.envelope
     assert not envelope_domain(env["k"]).matches(CallDescriptor(num_tokens=64, hidden_size=4096))
     assert envelope_domain(env["box"]).matches(CallDescriptor(world_size=3))
+
+
+def test_an_interpreted_pass_is_stored_with_its_evidence_and_is_no_receipt(tmp_path):
+    """A pass under Triton's interpreter is kept with what it rests on; engines never admit a bundle on it,
+    while an interpreted failure still blocks the slot's receipt."""
+    from kernelslot.store.receipts import passing_slots
+    from kernelslot.verify.interpreted import EVIDENCE
+
+    db = tmp_path / "s.db"
+    store = ResultStore(db)
+
+    def run(bundle_hash: str, *evidence_status: tuple[str, str]) -> None:
+        rid = store.start_run("kernelslot verify", "cpu", "worker", "b", bundle_hash)
+        results = [ProfileResult("norm.rmsnorm", "decode_batch", "float32", "generic", 3, "k", evidence=e) for e, _ in evidence_status]
+        for r, (_, status) in zip(results, evidence_status):
+            r.record("compare", status)
+        store.add_report(rid, SlotReport("norm.rmsnorm", "k", "worker", "cpu", results))
+        store.finish_run(rid, "pass")
+
+    run("interp", (EVIDENCE, "pass"))
+    run("device", ("", "pass"))
+    run("mixed", ("", "pass"), (EVIDENCE, "fail"))
+    assert [r["evidence"] for r in store.results(1)] == [EVIDENCE]
+    assert payload_from_store(store, 1)["verdict"] == f"pass ({EVIDENCE})"
+    store.close()
+    assert passing_slots(db, "interp") == set() and passing_slots(db, "device") == {"norm.rmsnorm"}
+    assert passing_slots(db, "mixed") == set()

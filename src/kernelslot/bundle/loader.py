@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib.util
+import os
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -131,7 +132,9 @@ class Bundle:
             else:
                 src = KernelSource(entry=row.entry, prepare=row.prepare, file=str(self.manifest.root / row.source))
             kernel = Kernel(entry=None, prepare=None, name=name, source=src)
-            needs = Needs(() if row.base_kernel else row.architectures, facts.packages if facts else (), blocked)
+            packages = facts.packages if facts else ()
+            needs = Needs(() if row.base_kernel else row.architectures, packages, blocked,
+                          interpret=not row.base_kernel and "triton" in packages)
             domain = row.domain if model is None else rebound(row.domain, model)
             out.setdefault(row.slot, []).append(Candidate(kernel, domain, row.graph_safe, kernel.name, bound, needs))
         return out
@@ -258,9 +261,25 @@ def load_source_module(file: str) -> ModuleType:
     return module
 
 
+def interpret_triton() -> None:
+    """Run every ``@triton.jit`` function decorated from now on in this process under Triton's
+    interpreter (``TRITON_INTERPRET=1``; triton reads it at decoration time). Raises ImportError
+    where triton was already imported without it: its own ``tl.sigmoid``, ``tl.sum``, ... were
+    then decorated for the compiler, and an interpreted kernel could not call them."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    language = sys.modules.get("triton.language")
+    if language is not None and type(getattr(language, "sigmoid", None)).__name__ == "JITFunction":
+        raise ImportError("triton was imported in this process before TRITON_INTERPRET=1 was set, so its own "
+                          "functions (tl.sigmoid, tl.sum, ...) are compiled-only; run the interpreted candidate in a "
+                          "process that sets it first (the worker runner does)")
+
+
 def resolve_callables(source: KernelSource) -> tuple[Callable, Callable | None]:
     """The entry and prepare callables a :class:`KernelSource` names (for an override: the
-    built-in base composed with the override's callable)."""
+    built-in base composed with the override's callable); an ``interpret`` source is imported
+    under Triton's interpreter (:func:`interpret_triton`)."""
+    if source.interpret:
+        interpret_triton()
     if source.sealed:  # a sealed direct artifact: the referee's launcher, admitted in this process
         from kernelslot.bundle.direct import open_sealed
 

@@ -46,7 +46,9 @@ def _run_section(p: dict[str, Any]) -> list[str]:
     cls = {"pass": "v-pass", "fail": "v-fail"}.get(status, "v-other")
     bundle = p.get("bundle")
     seeds = p.get("seeds") or []
-    rows = [("verdict", f'<span class="verdict {cls}" id="verdict">{escape(status.upper())}</span>'),
+    evidence = p.get("evidence") if status in ("pass", "fail") else ""  # e.g. triton-interpreter on cpu; CUDA not run
+    rows = [("verdict", f'<span class="verdict {cls}" id="verdict">{escape(status.upper())}</span>'
+                        + (f' <span class="note" id="evidence">({escape(evidence)})</span>' if evidence else "")),
             ("bundle", escape(f"{bundle['id']}  sha256 {bundle['sha256']}") if bundle else "built-in kernels"),
             ("device / runner", escape(f"{p.get('device', '?')} / {p.get('runner', '?')}")),
             ("seeds", escape(", ".join(map(str, seeds)) or "-")),
@@ -95,6 +97,7 @@ def _matrix(p: dict[str, Any]) -> list[str]:
     for slot in p.get("slots", []):
         verdict = slot.get("status") or ("pass" if slot.get("passed") else "fail")  # pass, fail or not run
         why = f" (not run: {slot['not_run']})" if slot.get("not_run") else ""
+        why += f"; evidence: {slot['evidence']}" if slot.get("evidence") else ""
         out.append(f'<tr class="slotrow"><th colspan="{len(head)}">{escape(slot["slot"])} '
                    f'<span class="{_state(verdict)}">&nbsp;{verdict.upper()}&nbsp;</span> '
                    f'<span class="note">{escape(slot.get("kernel", ""))}; comparator: {escape(slot.get("comparator", ""))}'

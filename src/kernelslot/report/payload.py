@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kernelslot.report.table import COLUMNS
-from kernelslot.verify.verdict import FAIL, PASS, SKIP, SlotReport
+from kernelslot.verify.verdict import FAIL, PASS, SKIP, SlotReport, run_evidence, verdict_text
 
 SCHEMA_VERSION = 1
 KIND = "kernelslot.verify"
@@ -99,6 +99,9 @@ def payload_from_store(store: Any, run_id: int) -> dict[str, Any]:
         s["envelope"] = envelopes.get(s["slot"], {})
         ran = [r for r in s["results"] if not r.get("skipped_reason")]
         s["passed"] = not s["errors"] and bool(ran) and all(r["status"] == PASS for r in ran)
+        s["status"] = PASS if s["passed"] else FAIL
+        s["evidence"] = "; ".join(dict.fromkeys(r["evidence"] for r in ran if r.get("evidence")))
+        s["verdict"] = verdict_text(s["status"], s["evidence"])
         defn = CATALOG.get(s["slot"])
         s["comparator"] = defn.describe_comparator() if defn else ""
     timed = any(r.get("timing") for s in slots.values() for r in s["results"])
@@ -108,4 +111,6 @@ def payload_from_store(store: Any, run_id: int) -> dict[str, Any]:
                             runner=run["runner"], seeds=json.loads(run["seeds"] or "[]"), bundle=bundle,
                             command=run["command"] or "", timed=timed, store_run=run_id)
     payload["status"] = run["status"] or NOT_RUN
+    payload["evidence"] = run_evidence([(s["slot"], s["evidence"]) for s in slots.values()])
+    payload["verdict"] = verdict_text(payload["status"], payload["evidence"])
     return payload

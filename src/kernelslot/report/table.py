@@ -46,7 +46,8 @@ def _metric(result: ProfileResult) -> str:
 
 
 def render_slot(report: SlotReport, comparator: str) -> str:
-    lines = [f"{report.slot}  [{report.kernel}; {report.runner}; {report.device}]  comparator: {comparator}"]
+    evidence = f"; evidence: {report.evidence}" if report.evidence else ""
+    lines = [f"{report.slot}  [{report.kernel}; {report.runner}; {report.device}{evidence}]  comparator: {comparator}"]
     if report.not_run:
         return "\n".join(lines + [f"  => NOT RUN: {report.not_run} (not a failure of the candidate)"])
     header = ["profile", "dtype", "model", "seed", "status"] + [c for c, _ in COLUMNS] + ["metrics"]
@@ -77,7 +78,8 @@ def render_slot(report: SlotReport, comparator: str) -> str:
         lines.append(f"  verified envelope of {variant}: {describe_envelope(env)}")
     ran = [r for r in report.results if not r.skipped_reason]
     passed = sum(r.passed for r in ran)
-    lines.append(f"  => {'PASS' if report.passed else 'FAIL'}: {passed}/{len(ran)} profile runs passed"
+    lines.append(f"  => {'PASS' if report.passed else 'FAIL'}{f' ({report.evidence})' if report.evidence else ''}: "
+                 f"{passed}/{len(ran)} profile runs passed"
                  + (f", {len(report.results) - len(ran)} skipped" if len(ran) != len(report.results) else "")
                  + (f"; {len(report.errors)} slot-level problem{'s' * (len(report.errors) > 1)} (! above)" if report.errors else ""))
     return "\n".join(lines)

@@ -104,6 +104,9 @@ SLOTS = (
         describe=_describe,
         relations=(PermuteTokens(("x",), ("out",)),),
         sizes=(("hidden_size", "d"), ("num_tokens", "lead", lambda dims, n: {**dims, "lead": (n,)})),
+        # Under Triton's interpreter a program (a row block) costs ~3 ms: every fixed profile and the drawn ones
+        # with one leading dimension run, and the long run's up to 256 calls stay near 30 s (verify/interpreted.py)
+        interpreted_sizes={"num_tokens": 40, "hidden_size": 1024},
         traffic=_traffic,
         near_misses=NEAR_MISSES,
         draw=_draw,

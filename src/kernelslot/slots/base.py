@@ -18,7 +18,8 @@ import torch
 from kernelslot.abi import CallDescriptor, CapabilityDomain, Comparator, OutputSpec, Slot
 
 __all__ = ["Profile", "Pick", "Case", "Kernel", "KernelSource", "Override", "Needs", "Candidate", "NearMiss", "SlotDef",
-           "OutputSpec", "Traffic", "randn", "dtype_name", "nbytes", "output_traffic", "LOW_BIT", "multiple_of", "cycled"]
+           "OutputSpec", "Traffic", "randn", "dtype_name", "nbytes", "output_traffic", "LOW_BIT", "multiple_of", "cycled",
+           "CUDA_PACKAGES", "importable"]
 
 
 # Profile tag: 4-bit (E2M1) weights or activations on the profile's path; its own comparator admits that
@@ -99,7 +100,8 @@ class KernelSource:
     (``DIR@INDEX_SHA256``): a sealed direct artifact, launched by the referee's own launcher
     (kernelslot.bundle.direct); ``entry``/``prepare`` then only say which roles exist. With
     ``override``, the callables are the built-in base composed with ``override.attr`` (``entry``
-    then names the row's entry and ``prepare`` the base's, for messages only).
+    then names the row's entry and ``prepare`` the base's, for messages only). ``interpret``: the
+    source is imported under Triton's interpreter (``TRITON_INTERPRET=1`` set before the import).
     """
 
     entry: str
@@ -108,6 +110,7 @@ class KernelSource:
     module: str | None = None
     sealed: str | None = None
     override: Override | None = None
+    interpret: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,13 +153,16 @@ class Needs:
     direct artifact this machine cannot build, or whose provider cannot run on this device).
     ``superseded_by`` names built-in variants (with their needs) routed ahead of this one that
     serve its whole domain: on a machine where one of them can run, this one is left out, its
-    calls verified as that variant (a torch kernel where its Triton twin runs).
+    calls verified as that variant (a torch kernel where its Triton twin runs). ``interpret``: a
+    bundle row whose source imports triton; where no CUDA device can run it, the referee may run it
+    under Triton's interpreter on CPU tensors instead (``verify/interpreted.py``).
     """
 
     archs: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
     blocked: str | None = None
     superseded_by: tuple[tuple[str, "Needs"], ...] = ()
+    interpret: bool = False
 
     def unmet(self, arch: str) -> str | None:
         if self.blocked:
@@ -170,13 +176,14 @@ class Needs:
             return f"needs CUDA ({why}); no CUDA device here"
         if self.archs and arch not in self.archs:
             return f"needs architecture {' or '.join(self.archs)}; this device is {arch}"
-        missing = [p for p in self.packages if not _importable(p)]
+        missing = [p for p in self.packages if not importable(p)]
         if missing:
             return f"needs the {missing[0]} package; it is not installed here"
         return None
 
 
-def _importable(package: str) -> bool:
+def importable(package: str) -> bool:
+    """Whether the top-level ``package`` can be imported here (found, not imported)."""
     try:
         return importlib.util.find_spec(package) is not None
     except (ImportError, ValueError):
@@ -250,6 +257,9 @@ class SlotDef:
     notes: str = ""
     # The built-in kernels as routed variants (e.g. one per model activation); default: the incumbent alone.
     builtins: tuple["Candidate", ...] = ()
+    # The largest size (CallDescriptor size field -> value) a profile runs at under Triton's interpreter
+    # (verify/interpreted.py); None: each size field's largest over the fixed profiles
+    interpreted_sizes: Mapping[str, int] | None = None
     # (CallDescriptor field, profile dimension that sets it[, fit]) for verify/envelope.py boundary profiles;
     # fit(dims, target) -> the dims of a valid case near target (other dims adjusted), or None if none
     sizes: tuple[tuple[str, str] | tuple[str, str, Callable[[dict, int], dict | None]], ...] = ()

@@ -2,7 +2,9 @@
 
 A slot of a bundle counts as verified when some ``verify`` run recorded for the bundle's
 content hash has results for that slot, every non-skipped result passed, the run logged no
-error for the slot, and (when a dtype is asked for) a passing result ran in that dtype.
+error for the slot, and (when a dtype is asked for) a passing result ran in that dtype. Results
+resting on other evidence than the device (``evidence``: Triton's interpreter on a CPU, CUDA not
+run; verify/interpreted.py) never count: an engine runs the compiled kernel.
 """
 from __future__ import annotations
 
@@ -20,9 +22,10 @@ def _passing_runs(store: str | Path, content_hash: str, dtype: Optional[str]) ->
         return {}
     db = sqlite3.connect(f"file:{Path(store)}?mode=ro", uri=True)
     try:
-        rows = db.execute(
-            "SELECT r.run_id, r.slot, r.status, r.dtype FROM results r JOIN runs u ON u.id = r.run_id "
-            "WHERE u.bundle_hash = ?",
+        evidence = "r.evidence" if any(c[1] == "evidence" for c in db.execute("PRAGMA table_info(results)")) else "''"
+        rows = db.execute(  # an older store has no evidence column: its results rest on their device
+            f"SELECT r.run_id, r.slot, r.status, r.dtype, COALESCE({evidence}, '') FROM results r "
+            "JOIN runs u ON u.id = r.run_id WHERE u.bundle_hash = ?",
             (content_hash,)).fetchall()
         errors = set(db.execute(
             "SELECT e.run_id, e.slot FROM slot_errors e JOIN runs u ON u.id = e.run_id WHERE u.bundle_hash = ?",
@@ -31,13 +34,13 @@ def _passing_runs(store: str | Path, content_hash: str, dtype: Optional[str]) ->
         return {}
     finally:
         db.close()
-    by_run: dict[tuple[int, str], list[tuple[str, str]]] = {}
-    for run_id, slot, status, dt in rows:
-        by_run.setdefault((run_id, slot), []).append((status, dt))
+    by_run: dict[tuple[int, str], list[tuple[str, str, str]]] = {}
+    for run_id, slot, status, dt, ev in rows:
+        by_run.setdefault((run_id, slot), []).append((status, dt, ev))
     out: dict[str, list[int]] = {}
     for (run_id, slot), st in sorted(by_run.items()):
-        if ((run_id, slot) not in errors and all(s != "fail" for s, _ in st)
-                and any(s == "pass" and (dtype is None or d == dtype) for s, d in st)):
+        if ((run_id, slot) not in errors and all(s != "fail" for s, _, _ in st)
+                and any(s == "pass" and not ev and (dtype is None or d == dtype) for s, d, ev in st)):
             out.setdefault(slot, []).append(run_id)
     return out
 

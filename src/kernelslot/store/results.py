@@ -2,7 +2,8 @@
 
 One ``runs`` row per ``kernelslot verify`` invocation (command, device, runner, bundle id and
 hash, seeds, final status), one ``results`` row per slot × profile × dtype × seed (status,
-metrics, timing, skipped reason), one ``checks`` row per check the referee recorded and one
+metrics, timing, skipped reason, and the evidence the status rests on where not the device itself:
+``triton-interpreter on cpu; CUDA not run``), one ``checks`` row per check the referee recorded and one
 ``envelopes`` row per slot × variant whose verified envelope was recorded (its JSON form,
 ``verify/envelope.py``; read back by :meth:`ResultStore.envelopes`). Fields a
 result carries beyond the known columns (added by later referee versions) are kept in the
@@ -33,14 +34,14 @@ COLUMNS = {
              "extra TEXT"),
     "results": ("id INTEGER PRIMARY KEY", "run_id INTEGER REFERENCES runs(id)", "slot TEXT", "kernel TEXT",
                 "profile TEXT", "dtype TEXT", "model TEXT", "seed INTEGER", "status TEXT", "failed_checks TEXT",
-                "checks TEXT", "metrics TEXT", "timing TEXT", "skipped_reason TEXT", "extra TEXT"),
+                "checks TEXT", "metrics TEXT", "timing TEXT", "skipped_reason TEXT", "extra TEXT", "evidence TEXT"),
     "checks": ("result_id INTEGER REFERENCES results(id)", "run_id INTEGER REFERENCES runs(id)", "name TEXT",
                "status TEXT", "message TEXT"),
     "slot_errors": ("run_id INTEGER REFERENCES runs(id)", "slot TEXT", "message TEXT"),
     "envelopes": ("run_id INTEGER REFERENCES runs(id)", "slot TEXT", "variant TEXT", "envelope TEXT"),
 }
 _KNOWN_RESULT_FIELDS = {"slot", "kernel", "profile", "dtype", "model", "seed", "checks", "metrics", "timing",
-                        "skipped_reason", "status"}
+                        "skipped_reason", "status", "evidence"}
 
 
 class StoreError(ValueError):
@@ -122,11 +123,11 @@ class ResultStore:
                 extra = {k: v for k, v in d.items() if k not in _KNOWN_RESULT_FIELDS}
                 cur = self.db.execute(
                     "INSERT INTO results (run_id, slot, kernel, profile, dtype, model, seed, status, failed_checks,"
-                    " checks, metrics, timing, skipped_reason, extra) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    " checks, metrics, timing, skipped_reason, extra, evidence) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (run_id, r.slot, r.kernel, r.profile, r.dtype, r.model, r.seed, r.status,
                      ",".join(sorted(c.name for c in r.failures())), json.dumps(d["checks"], default=str),
                      json.dumps(r.metrics, default=str), json.dumps(r.timing, default=str), r.skipped_reason,
-                     json.dumps(extra, default=str)),
+                     json.dumps(extra, default=str), r.evidence),
                 )
                 self.db.executemany("INSERT INTO checks VALUES (?,?,?,?,?)",
                                     [(cur.lastrowid, run_id, c.name, c.status, c.message) for c in r.checks])
@@ -168,6 +169,7 @@ class ResultStore:
             for key in ("checks", "metrics", "timing", "extra"):
                 d[key] = json.loads(d[key]) if d.get(key) else ({} if key != "checks" else [])
             d.update({k: v for k, v in d.pop("extra").items() if k not in d})
+            d["evidence"] = d.get("evidence") or ""  # a row stored before the column existed rests on its device
             out.append(d)
         return out
 

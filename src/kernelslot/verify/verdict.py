@@ -67,6 +67,20 @@ def traceback_summary(text: str) -> str:
     return f"{head}{lines[-1].strip()}" + (f" (at {where})" if where else "") + "\n" + text
 
 
+def verdict_text(status: str, evidence: str) -> str:
+    """``status`` with the evidence it rests on, where that is not the device itself (a pass or a
+    fail; a *not run* says its own reason)."""
+    return f"{status} ({evidence})" if evidence and status in (PASS, FAIL) else status
+
+
+def run_evidence(slots: list[tuple[str, str]]) -> str:
+    """The evidence of a run from the (slot, evidence) of each slot judged (passed or failed): the
+    one they all share, else each slot's that has one (``norm.rmsnorm: triton-interpreter ...``)."""
+    if len({e for _, e in slots}) == 1:
+        return slots[0][1]
+    return "; ".join(f"{slot}: {e}" for slot, e in slots if e)
+
+
 @dataclass
 class CheckResult:
     name: str
@@ -87,6 +101,7 @@ class ProfileResult:
     timing: dict[str, float] = field(default_factory=dict)
     skipped_reason: str = ""
     drawn: dict[str, Any] = field(default_factory=dict)  # a drawn profile's record: seed, index, base, dims
+    evidence: str = ""  # what the verdict rests on where not the device itself (verify/interpreted.py EVIDENCE)
 
     @property
     def passed(self) -> bool:
@@ -126,6 +141,7 @@ class SlotReport:
     not_run: str = ""  # why no candidate could run on this machine (Needs.unmet); then nothing ran
     envelope: dict[str, dict[str, Any]] = field(default_factory=dict)  # variant -> verified staircase (verify/envelope.py)
     notes: list[str] = field(default_factory=list)  # not failures: e.g. an envelope clipped for memory
+    evidence: str = ""  # what the verdict rests on where not the device itself, e.g. "triton-interpreter on cpu; CUDA not run"
 
     @property
     def passed(self) -> bool:
@@ -137,6 +153,11 @@ class SlotReport:
         """pass, fail or not run (never a failure of the candidate)."""
         return NOT_RUN if self.not_run else PASS if self.passed else FAIL
 
+    @property
+    def verdict(self) -> str:
+        """The status and the evidence it rests on: ``pass (triton-interpreter on cpu; CUDA not run)``."""
+        return verdict_text(self.status, self.evidence)
+
     def failed_checks(self) -> set[str]:
         return {c.name for r in self.results for c in r.failures()}
 
@@ -144,6 +165,7 @@ class SlotReport:
         d = asdict(self)
         d["passed"] = self.passed
         d["status"] = self.status
+        d["verdict"] = self.verdict
         for r, rd in zip(self.results, d["results"]):
             rd["status"] = r.status
         return d
