@@ -41,3 +41,25 @@ def test_an_out_stored_with_x_strides_fails_under_the_interpreter() -> None:
 def test_passes_every_profile() -> None:
     profiles = get_slot(SLOT).profiles
     assert_verified(verify_interpreted(SLOT, norm.rmsnorm, profiles=sorted({p.name for p in profiles})), len(profiles))
+
+
+def test_the_registered_variant_passes_in_a_sandboxed_worker_as_interpreted_evidence() -> None:
+    """The built-in variant as a bundle row would run (verify/interpreted.py): its module imported in the worker
+    under TRITON_INTERPRET=1, its CUDA-only domain dropped, the verdict carrying its evidence."""
+    import dataclasses
+
+    from kernelslot.isolation import make_runner
+    from kernelslot.verify import VerifyOptions, verify_slot
+    from kernelslot.verify.interpreted import EVIDENCE
+
+    defn = get_slot(SLOT)
+    (tri,) = [c for c in defn.builtin_candidates() if c.name == "triton.rmsnorm"]
+    row = dataclasses.replace(tri, needs=dataclasses.replace(tri.needs, interpret=True))
+    runner = make_runner(True, 60.0, device="cpu")
+    try:
+        report = verify_slot(defn, row, VerifyOptions(profiles=("gemma_one_plus_w", "ragged_rows_nonpow2"),
+                                                      dtypes=(torch.bfloat16,), draws=0), runner=runner)
+    finally:
+        runner.close()
+    assert report.passed and report.runner.startswith("worker") and report.verdict == f"pass ({EVIDENCE})"
+    assert sorted(ran(report)) == [("gemma_one_plus_w", "bfloat16"), ("ragged_rows_nonpow2", "bfloat16")]
