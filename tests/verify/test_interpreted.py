@@ -12,8 +12,10 @@ import torch
 
 from kernelslot.bundle import load_bundle
 from kernelslot.cli import main
+from kernelslot.report.payload import payload_from_store
 from kernelslot.slots import get_slot
 from kernelslot.slots.base import Needs
+from kernelslot.store import ResultStore
 from kernelslot.verify import InProcessRunner, VerifyOptions, verify_slot
 from kernelslot.verify import interpreted as interp
 from kernelslot.verify.interpreted import EVIDENCE, interpreted, interpreted_sizes, interpreter_limit, why_not_interpreted
@@ -165,6 +167,11 @@ def test_a_cpu_row_and_a_triton_row_of_one_slot_each_get_their_own_evidence(tmp_
     assert by == {(k, d): EVIDENCE if d == "float32" else "" for k, d in by} and len(set(by.values())) == 2
     row = f"tri:{SLOT}[triton]"
     assert report.evidence == f"{row}: {EVIDENCE}" and report.verdict == f"pass ({row}: {EVIDENCE})"
+    store = ResultStore(tmp_path / "s.db")
+    run = store.start_run("kernelslot verify", "cpu", "in-process", "tri", "h")
+    store.add_report(run, report)
+    assert payload_from_store(store, run)["slots"][0]["evidence"] == report.evidence  # read back by variant too
+    store.close()
 
 
 def test_without_triton_a_triton_row_is_not_run(tmp_path, monkeypatch):

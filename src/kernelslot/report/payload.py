@@ -100,7 +100,7 @@ def payload_from_store(store: Any, run_id: int) -> dict[str, Any]:
         ran = [r for r in s["results"] if not r.get("skipped_reason")]
         s["passed"] = not s["errors"] and bool(ran) and all(r["status"] == PASS for r in ran)
         s["status"] = PASS if s["passed"] else FAIL
-        s["evidence"] = "; ".join(dict.fromkeys(r["evidence"] for r in ran if r.get("evidence")))
+        s["evidence"] = run_evidence(list(dict.fromkeys((r["kernel"], r.get("evidence", "")) for r in ran)))  # by variant
         s["verdict"] = verdict_text(s["status"], s["evidence"])
         defn = CATALOG.get(s["slot"])
         s["comparator"] = defn.describe_comparator() if defn else ""
