@@ -40,6 +40,7 @@ def _self_timed(tmp_path, slot: str, profiles: tuple[str, ...], reps: int) -> li
 def test_batch_size_follows_the_incumbents_round_trip():
     calls = [CallObservation(elapsed_s=110e-6, worker_s=10e-6)] * 3  # 100 us of round trip per 10 us call
     assert batch_size(calls) == 200  # 100 us <= 5% of 200 x 10 us
+    assert batch_size([CallObservation(elapsed_s=11e-6, worker_s=10e-6)] * 3, 100) == 200  # 100 us per request of 100
     assert batch_size([CallObservation(elapsed_s=1e-6)]) == 1  # in-process: no round trip
     assert batch_size([CallObservation(elapsed_s=1.0, worker_s=1e-9)]) == MAX_BATCH
     slow = CallObservation(elapsed_s=0.06, worker_s=0.05)  # a slow candidate caps its own batches

@@ -54,15 +54,16 @@ CALIBRATION_CALLS = 3  # incumbent requests per calibration round
 CALIBRATION_ROUNDS = 3  # rounds of sizing the batch on the incumbent's figures
 
 
-def batch_size(incumbent: list[CallObservation]) -> int:
-    """Calls per request for the incumbent's figures ``incumbent`` (observations of calls made in
-    batches): enough that the request's own cost (round trip less in-worker time) is at most
-    :data:`ROUNDTRIP_SHARE` of the batch's work, within :data:`MAX_BATCH`; 1 where no round trip is
-    measured (in-process: a call's time is the entry's own)."""
+def batch_size(incumbent: list[CallObservation], calls_per_request: int = 1) -> int:
+    """Calls per request for the incumbent's figures ``incumbent`` (per-call observations of requests
+    of ``calls_per_request`` calls): enough that a request's own cost (round trip less in-worker time)
+    is at most :data:`ROUNDTRIP_SHARE` of the batch's work, within :data:`MAX_BATCH`; 1 where no round
+    trip is measured (in-process: a call's time is the entry's own)."""
     if any(o.worker_s is None or o.worker_s <= 0 for o in incumbent):
         return 1
     work = statistics.median(o.worker_s for o in incumbent)  # type: ignore[misc]
-    overhead = max(0.0, statistics.median(o.elapsed_s - o.worker_s for o in incumbent))  # type: ignore[operator]
+    per_call = statistics.median(o.elapsed_s - o.worker_s for o in incumbent)  # type: ignore[operator]
+    overhead = max(0.0, per_call * calls_per_request)  # the request's own cost
     return max(1, min(MAX_BATCH, math.ceil(overhead / (ROUNDTRIP_SHARE * work))))
 
 
@@ -180,7 +181,7 @@ def time_profile(run: Any, plan: TimingPlan) -> None:
                 if observations[-1].error:
                     raise RunnerError(f"the incumbent failed: {observations[-1].error.strip().splitlines()[-1]}")
                 seen.append(_batch_observation(observations, mean))
-            size = batch_size(seen)
+            size = batch_size(seen, batch.active)
             if size == batch.active:
                 break
     except RunnerError as exc:
