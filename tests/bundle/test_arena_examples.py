@@ -144,7 +144,7 @@ def test_the_arena_broken_triton_bundles_fail_compare_naming_the_rows(name, tmp_
     _, ran, failed = interpreted(name, tmp_path, capsys)
     assert failed == ran
     compared = [fails_with(r)["compare"] for r in failed if "compare" in fails_with(r)]
-    rows = {"miner_silu_broken": r"in (\d+) of \1 rows: 0[,;]",  # SiLU dropped on every row
+    rows = {"miner_silu_broken": r"in \d+ of \d+ rows: 0[,;]",  # SiLU dropped on every row (a row of large gates can still match)
             "miner_silu_sparse": r"in 1 of \d+ rows: 0;",  # on rows 0, 64, ...: row 0 of every profile (<= 40 rows)
             "miner_rmsnorm_broken": r"in 1 of 1 rows: 0;"}[name]  # written whole only where out has one row
     assert compared and all(re.search(rows, m) for m in compared), compared
