@@ -157,6 +157,17 @@ def _torchrun(a: argparse.Namespace, defn: SlotDef, cand: Candidate, opts: Verif
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=3 * a.timeout + 30)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", timeout=timeout)
+    try:
+        return _torchrun_ranks(a, defn, cand, opts, rank, world, device, timeout)
+    finally:
+        # Tear the groups down before the interpreter exits: a gloo group still alive at exit
+        # destroys its worker threads while joinable, and the C++ runtime aborts the rank
+        # ("terminate called without an active exception", exit -6) after a passing run.
+        dist.destroy_process_group()
+
+
+def _torchrun_ranks(a: argparse.Namespace, defn: SlotDef, cand: Candidate, opts: VerifyOptions, rank: int,
+                    world: int, device: torch.device, timeout: timedelta) -> int:
     results_group = dist.new_group(backend="gloo", timeout=timeout)  # the findings' channel, never the candidate's
     members = list(range(1 if a.spare_rank else 0, world))
     group = dist.new_group(ranks=members, timeout=timeout)
@@ -184,6 +195,7 @@ def _torchrun(a: argparse.Namespace, defn: SlotDef, cand: Candidate, opts: Verif
                         result.metrics[key] = min(result.metrics.get(key, value), value)
                 ok &= result.passed
                 _print(result)
+    dist.barrier(group=results_group)  # every rank is done with every group before any tears one down
     return 0 if ok else 1
 
 
