@@ -7,6 +7,7 @@ holds on a quiet machine (the figures of `kernelslot verify --time` are in the c
 """
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -17,7 +18,7 @@ from kernelslot.isolation.runner import CallObservation
 from kernelslot.slots import Candidate, Kernel, get_slot
 from kernelslot.slots.base import KernelSource
 from kernelslot.verify import VerifyOptions, verify_slot
-from kernelslot.verify.single.timed import MAX_BATCH, batch_cap, batch_size
+from kernelslot.verify.single.timed import MAX_BATCH, MAX_IN_PROCESS_BATCH, MIN_REPETITION_S, batch_cap, batch_size
 
 SELF = {"norm.rmsnorm": "from kernelslot.kernels.norm import rmsnorm as entry\n",
         "activation.silu_and_mul": "from kernelslot.kernels.activation import silu_and_mul as entry\n"}
@@ -41,7 +42,10 @@ def test_batch_size_follows_the_incumbents_round_trip():
     calls = [CallObservation(elapsed_s=110e-6, worker_s=10e-6)] * 3  # 100 us of round trip per 10 us call
     assert batch_size(calls) == 200  # 100 us <= 5% of 200 x 10 us
     assert batch_size([CallObservation(elapsed_s=11e-6, worker_s=10e-6)] * 3, 100) == 200  # 100 us per request of 100
-    assert batch_size([CallObservation(elapsed_s=1e-6)]) == 1  # in-process: no round trip
+    # in-process: no round trip; enough calls that a repetition lasts MIN_REPETITION_S, at most MAX_IN_PROCESS_BATCH
+    assert batch_size([CallObservation(elapsed_s=1e-4)] * 3) == math.ceil(MIN_REPETITION_S / 1e-4)
+    assert batch_size([CallObservation(elapsed_s=1e-8)]) == MAX_IN_PROCESS_BATCH
+    assert batch_size([CallObservation(elapsed_s=1.0)]) == 1
     assert batch_size([CallObservation(elapsed_s=1.0, worker_s=1e-9)]) == MAX_BATCH
     slow = CallObservation(elapsed_s=0.06, worker_s=0.05)  # a slow candidate caps its own batches
     assert batch_cap(slow, calls[0], 1 << 10) == 5

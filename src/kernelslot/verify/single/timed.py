@@ -15,7 +15,13 @@ Methodology (the numbers: :mod:`kernelslot.verify.single.timing`):
   :data:`ROUNDTRIP_SHARE` of the work, within :data:`MAX_BATCH` calls, :data:`MAX_BATCH_BYTES` of
   inputs and outputs and :data:`MAX_BATCH_S` at the slower side's time in the first warm-up pair
   (made with single calls). In-process
-  there is no round trip: ``n`` is 1 and a call's time is the entry's own.
+  there is no round trip and a call's time is the entry's own; ``n`` is then what makes a repetition
+  last :data:`MIN_REPETITION_S` (at most :data:`MAX_IN_PROCESS_BATCH`), so a repetition of a
+  microsecond kernel is a mean over many calls rather than one call's jitter.
+- **Alternating order, one prologue.** Pair ``i`` draws its inputs once; then the candidate and the
+  incumbent run in alternating order (the candidate first in even pairs), each right after the
+  same prologue (every input read for the snapshot, every output poisoned), so the second call of
+  a pair, which finds the first one's inputs in cache, is each side's equally often.
 - **The other side frozen.** While one side's batch runs, every process of the other side's
   runner is stopped (SIGSTOP, waited for): a helper thread or a spinning thread pool of one side
   cannot take the CPU from the other's timed calls.
@@ -50,6 +56,8 @@ ROUNDTRIP_SHARE = 0.05  # a request's own cost, at most this share of a batch's 
 MAX_BATCH = 1024  # calls per request
 MAX_BATCH_BYTES = 64 << 20  # live inputs and outputs of a batch's extra sets together
 MAX_BATCH_S = 0.25  # a batch takes at most about this long on the slower side's warm-up figure
+MIN_REPETITION_S = 5e-4  # in-process: a repetition's calls last at least about this long
+MAX_IN_PROCESS_BATCH = 64  # in-process: calls per repetition
 CALIBRATION_CALLS = 3  # incumbent requests per calibration round
 CALIBRATION_ROUNDS = 3  # rounds of sizing the batch on the incumbent's figures
 
@@ -57,10 +65,15 @@ CALIBRATION_ROUNDS = 3  # rounds of sizing the batch on the incumbent's figures
 def batch_size(incumbent: list[CallObservation], calls_per_request: int = 1) -> int:
     """Calls per request for the incumbent's figures ``incumbent`` (per-call observations of requests
     of ``calls_per_request`` calls): enough that a request's own cost (round trip less in-worker time)
-    is at most :data:`ROUNDTRIP_SHARE` of the batch's work, within :data:`MAX_BATCH`; 1 where no round
-    trip is measured (in-process: a call's time is the entry's own)."""
+    is at most :data:`ROUNDTRIP_SHARE` of the batch's work, within :data:`MAX_BATCH`. In-process there
+    is no round trip (a call's time is the entry's own): enough calls that a repetition lasts
+    :data:`MIN_REPETITION_S`, within :data:`MAX_IN_PROCESS_BATCH`, so one interrupted call moves a
+    repetition's mean, not its median."""
     if any(o.worker_s is None or o.worker_s <= 0 for o in incumbent):
-        return 1
+        per_call = statistics.median(o.elapsed_s for o in incumbent) if incumbent else 0.0
+        if per_call <= 0:
+            return 1
+        return max(1, min(MAX_IN_PROCESS_BATCH, math.ceil(MIN_REPETITION_S / per_call)))
     work = statistics.median(o.worker_s for o in incumbent)  # type: ignore[misc]
     per_call = statistics.median(o.elapsed_s - o.worker_s for o in incumbent)  # type: ignore[operator]
     overhead = max(0.0, per_call * calls_per_request)  # the request's own cost
@@ -192,10 +205,15 @@ def time_profile(run: Any, plan: TimingPlan) -> None:
     wanted = size
     batch.grow(1)  # the candidate's first warm-up call is a single call: its time caps the batch
 
-    def candidate(i: int) -> CallObservation | None:
-        call = PlannedCall(TIMED_DRAW + i, "full", plan.poisons[i], pick=plan.picks[i])
+    def timed_call(i: int) -> PlannedCall:
+        return PlannedCall(TIMED_DRAW + i, "full", plan.poisons[i], pick=plan.picks[i])
+
+    def begin(i: int) -> None:
         batch.refill(i, plan.picks[i])
         traffic[i] = run.defn.traffic(run.ref_case)
+
+    def candidate(i: int) -> CallObservation | None:
+        call = timed_call(i)
         n = batch.active
         armed = [run._arm(call, batch.cases[k], batch.outputs[k]) for k in range(n)]
         trusted.freeze()
@@ -211,9 +229,9 @@ def time_profile(run: Any, plan: TimingPlan) -> None:
         return _batch_observation(observations, mean)
 
     def incumbent_call(i: int) -> CallObservation:
-        for outs in batch.outputs[:batch.active]:
-            for alloc in outs.values():
-                alloc.poison(finite=plan.poisons[i] == "sentinel")
+        call = timed_call(i)
+        for k in range(batch.active):  # the candidate's prologue exactly: inputs read, outputs poisoned
+            run._arm(call, batch.cases[k], batch.outputs[k])
         run.runner.freeze()
         observations, mean = trusted.call_batch(incumbent, batch.incumbent_args(), check_retention=False)
         trusted.freeze()
@@ -227,7 +245,7 @@ def time_profile(run: Any, plan: TimingPlan) -> None:
         return roofline.floor(traffic[i], run.device, fresh)
 
     try:
-        t = time_interleaved(plan, candidate, incumbent_call, floor)
+        t = time_interleaved(plan, candidate, incumbent_call, floor, begin)
     except RunnerError as exc:
         run.result.record(Check.RAISED, FAIL, f"timing: {exc}")
         return

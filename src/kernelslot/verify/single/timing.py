@@ -1,9 +1,10 @@
 """Timing methodology: candidate and incumbent interleaved (ABAB) on the same fresh inputs.
 
 The call plan (``verify/plan.py``) draws the warm-up and repetition counts per profile. Call ``i``
-of the sequence is a pair: the candidate's call (the pipeline refills the inputs, poisons the
-outputs and checks the result, all outside the timed window), then the incumbent's call on the
-same inputs. Both go through the same kind of runner (``runner.incumbent_runner()``: in-process,
+of the sequence is a pair on one set of fresh inputs: the candidate's call (the pipeline poisons the
+outputs and checks the result, all outside the timed window) and the incumbent's call, in
+alternating order (the candidate first in even pairs), each after the same prologue (the inputs
+read for their snapshot, the outputs poisoned), so neither side inherits the other's warm caches. Both go through the same kind of runner (``runner.incumbent_runner()``: in-process,
 or a worker of its own), so the runner's overhead cancels in the ratio. The first ``warmup`` pairs
 are discarded.
 
@@ -64,21 +65,37 @@ def timed_reps(plan: TimingPlan, incumbent_warmup: list[CallObservation]) -> int
     return max(plan.reps, min(capacity, 2 * plan.reps, wanted))
 
 
+def candidate_first(i: int) -> bool:
+    """Which side of pair ``i`` runs first: the candidate in even pairs, the incumbent in odd ones
+    (pair 0, the first warm-up, always starts with the candidate)."""
+    return i % 2 == 0
+
+
 def time_interleaved(plan: TimingPlan, candidate: Callable[[int], CallObservation | None],
                      incumbent: Callable[[int], CallObservation] | None,
-                     floor: Callable[[int, bool], Floor] | None = None) -> dict[str, float]:
-    """Run the plan's pairs; ``candidate(i)`` makes and checks call ``i`` (None: it failed a check,
-    which the caller recorded: timing stops), ``incumbent(i)`` times the incumbent on the same inputs;
-    ``floor(i, fresh)`` is candidate call ``i``'s physics floor (``fresh``: probe the machine again)."""
+                     floor: Callable[[int, bool], Floor] | None = None,
+                     begin: Callable[[int], None] | None = None) -> dict[str, float]:
+    """Run the plan's pairs; ``begin(i)`` draws pair ``i``'s inputs, ``candidate(i)`` makes and checks
+    call ``i`` (None: it failed a check, which the caller recorded: timing stops), ``incumbent(i)``
+    times the incumbent on the same inputs; the two alternate which goes first
+    (:func:`candidate_first`), so whatever the first call of a pair leaves the second (warm inputs,
+    a cooler or hotter core) falls on each side equally often. ``floor(i, fresh)`` is candidate call
+    ``i``'s physics floor (``fresh``: probe the machine again)."""
     cand: list[tuple[int, CallObservation]] = []
     inc: list[CallObservation] = []
     warm: list[CallObservation] = []
     i, reps = 0, plan.reps
     while i < plan.warmup + reps:
+        if begin is not None:
+            begin(i)
+        other = None
+        if incumbent is not None and not candidate_first(i):
+            other = incumbent(i)
         obs = candidate(i)
         if obs is None:
             return {}
-        other = incumbent(i) if incumbent is not None else None
+        if incumbent is not None and candidate_first(i):
+            other = incumbent(i)
         if other is not None and other.error:
             raise RunnerError(f"the incumbent failed while being timed: {other.error.strip().splitlines()[-1]}")
         if i >= plan.warmup:
