@@ -283,3 +283,14 @@ def test_pass_covers_only_the_world_sizes_that_ran(pools):
     exact = Candidate(defn.incumbent, domain=CapabilityDomain.from_mapping({"world_size": {"exact": 2}}))
     narrow = verify_collective(defn, exact, opts, sessions=pools(30.0))
     assert narrow.passed and narrow.envelope[exact.name]["world_size"] == [2, 2] and not narrow.notes
+
+
+@pytest.mark.slow  # ~15 s: two sessions of fresh rank processes (the cheat counts calls per process)
+def test_a_collective_honest_for_40_calls_is_caught_by_the_long_run():
+    mod, cand = _cheat("collective_honest_for_40_calls")
+    base = VerifyOptions(world_sizes=(2,), dtypes=(torch.float32,), profiles=("decode_batch.w2",))
+    plain = verify_collective(get_slot(mod.SLOT), cand, base)  # sessions of its own: fresh call counts
+    assert plain.passed, plain.failed_checks()
+    longer = verify_collective(get_slot(mod.SLOT), cand, dataclasses.replace(base, long_run=(64, 64)))
+    assert not longer.passed
+    assert {c.name for c in longer.results[0].failures()} & mod.CATCHES, longer.failed_checks()

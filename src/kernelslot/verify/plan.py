@@ -204,12 +204,19 @@ class Planner:
         """With ``long_run``: the index of one of ``plans``, drawn uniformly among those ``admitted(index)``
         accepts (asked in a random order, only until one does), and that plan with
         :func:`log_uniform` ``(*long_run)`` more extra replays (:meth:`lengthened`); else None."""
+        drawn = self.draw_long_run(len(plans), admitted)
+        return None if drawn is None else (drawn[0], self.lengthened(plans[drawn[0]], drawn[1]))
+
+    def draw_long_run(self, runs: int, admitted: Callable[[int], bool]) -> tuple[int, int] | None:
+        """With ``long_run``: which of ``runs`` profile runs is the long one (uniformly among those
+        ``admitted(index)`` accepts, asked in a random order only until one does) and how many extra
+        replays it gets (:func:`log_uniform` ``(*long_run)``); else None."""
         if self.long_run is None:
             return None
-        order = list(range(len(plans)))
+        order = list(range(runs))
         self.rng.shuffle(order)
         chosen = next((i for i in order if admitted(i)), None)
-        return None if chosen is None else (chosen, self.lengthened(plans[chosen], log_uniform(self.rng, *self.long_run)))
+        return None if chosen is None else (chosen, log_uniform(self.rng, *self.long_run))
 
     def lengthened(self, plan: CallPlan, more: int) -> CallPlan:
         """``plan`` with ``more`` extra replays, drawn as :meth:`plan` draws them (draw ids from

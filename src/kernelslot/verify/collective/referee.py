@@ -85,13 +85,16 @@ def call_check(call: PlannedCall) -> str:
     return Check.REPREPARE if call.refill == "reprepare" else Check.REPLAY if call.draw else Check.COMPARE
 
 
-def call_sequence(defn: SlotDef, opts: VerifyOptions, graphs: bool) -> list[PlannedCall]:
+def call_sequence(defn: SlotDef, opts: VerifyOptions, graphs: bool, longer: int = 0) -> list[PlannedCall]:
     """The calls of one profile × seed: the call plan's with its state steps (a re-prepare for slots with
-    ``prepare``, the repeat on poisoned scratch; collective slots declare no metamorphic relation), then
-    the graph steps on CUDA."""
+    ``prepare``, the repeat on poisoned scratch; collective slots declare no metamorphic relation),
+    ``longer`` more extra replays for the secret long run (:meth:`Planner.lengthened`), then the graph
+    steps on CUDA."""
     if defn.relations:
         raise ValueError(f"{defn.name}: the collective referee makes no metamorphic step; a collective slot declares no relation")
-    calls = list(planner_for(opts).plan(reprepare=defn.slot.needs_prepare, repeat=True).calls)
+    planner = planner_for(opts)
+    plan = planner.plan(reprepare=defn.slot.needs_prepare, repeat=True)
+    calls = list((planner.lengthened(plan, longer) if longer else plan).calls)
     if graphs:
         calls += [PlannedCall(1000, "full", "nan", graph="capture"), PlannedCall(1001, "full", "nan", graph="replay"),
                   PlannedCall(1002, "tail", "nan", graph="replay")]
@@ -139,12 +142,13 @@ class ProfileCheck:
     """The referee's side of one profile × seed: the calls, every rank's tensors, the checks and the verdict."""
 
     def __init__(self, defn: SlotDef, cand: Candidate, profile: Profile, seed: int, opts: VerifyOptions,
-                 devices: Sequence[torch.device], session: CollectiveSession | None):
+                 devices: Sequence[torch.device], session: CollectiveSession | None, longer: int = 0):
+        """``longer``: extra replays of the secret long run when this is the long profile run."""
         self.defn, self.cand, self.profile, self.seed = defn, cand, profile, seed
         self.result = new_result(defn, profile, seed, cand.name)
         self.world = world_of(profile)
         self.graphs = torch.device(opts.device).type == "cuda" and opts.graph and cand.graph_safe
-        self.calls = call_sequence(defn, opts, self.graphs)
+        self.calls = call_sequence(defn, opts, self.graphs, longer)
         self.case = make_case(defn, profile, seed, 0)
         self.live = self.case.live_names()
         self.devices = list(devices)
@@ -427,9 +431,12 @@ def verify_collective(defn: SlotDef, candidates: Candidate | Sequence[Candidate]
     profiles = [p for p in select_profiles(defn, opts, model) if world_of(p) in opts.world_sizes]
     runs = profile_runs(defn, profiles, opts)  # drawn profiles keep their base's world size
     unavailable: dict[KernelSource, str] = {}  # sources that hung, lost a rank or failed to load: why
+    # the secret long run (verify/plan.py), as in the single-device pipeline: one run the domain admits
+    long = planner_for(opts).draw_long_run(len(runs), lambda i: route(defn, cands, *runs[i], opts.device)[0] is not None)
     try:
-        for profile, seed in runs:
-            result = _verify_one(defn, cands, profile, seed, opts, sessions, unavailable, report.notes)
+        for i, (profile, seed) in enumerate(runs):
+            longer = long[1] if long is not None and long[0] == i else 0
+            result = _verify_one(defn, cands, profile, seed, opts, sessions, unavailable, report.notes, longer)
             report.results.append(result)
             if progress:
                 progress(result)
@@ -466,7 +473,8 @@ def _record_world_envelope(report: SlotReport, cands: list[Candidate], profiles:
 
 
 def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: int, opts: VerifyOptions,
-                sessions: dict[int, CollectiveSession], unavailable: dict[KernelSource, str], notes: list[str]) -> ProfileResult:
+                sessions: dict[int, CollectiveSession], unavailable: dict[KernelSource, str], notes: list[str],
+                longer: int = 0) -> ProfileResult:
     """One profile run: routed to its variant, skipped as not run where that candidate already hung, lost a
     rank or failed to load, else run in the world size's session (started here if needed)."""
     cand, skipped = route(defn, cands, profile, seed, opts.device)
@@ -495,7 +503,7 @@ def _verify_one(defn: SlotDef, cands: list[Candidate], profile: Profile, seed: i
     if session.unobserved and not any(session.unobserved in n for n in notes):
         notes.append(f"world {world}: the ranks' floating-point control state was not read from outside "
                      f"({session.unobserved}); numeric state was judged from the ranks' own reports only")
-    check = ProfileCheck(defn, cand, profile, seed, opts, [session.rank_device(r) for r in range(world)], session)
+    check = ProfileCheck(defn, cand, profile, seed, opts, [session.rank_device(r) for r in range(world)], session, longer)
     result = _run_profile(session, check, src)
     if session.fatal or check.load_failed:  # a hang costs one deadline per candidate, not one per profile
         unavailable[src] = (f"{session.fatal or check.load_failed}, in {profile.label} seed {seed}; a hang, a dead rank "
