@@ -125,7 +125,7 @@ class PlannedCall:
 
 @dataclass(frozen=True)
 class TimingPlan:
-    """``warmup`` discarded candidate/incumbent pairs, then ``reps`` timed ones (ABAB)."""
+    """``warmup`` discarded candidate/incumbent pairs, then ``reps`` timed ones (alternating which side goes first)."""
 
     warmup: int
     reps: int

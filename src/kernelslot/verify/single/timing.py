@@ -1,11 +1,12 @@
-"""Timing methodology: candidate and incumbent interleaved (ABAB) on the same fresh inputs.
+"""Timing methodology: candidate and incumbent interleaved (AB BA AB ...) on the same fresh inputs.
 
 The call plan (``verify/plan.py``) draws the warm-up and repetition counts per profile. Call ``i``
 of the sequence is a pair on one set of fresh inputs: the candidate's call (the pipeline poisons the
 outputs and checks the result, all outside the timed window) and the incumbent's call, in
 alternating order (the candidate first in even pairs), each after the same prologue (the inputs
-read for their snapshot, the outputs poisoned), so neither side inherits the other's warm caches. Both go through the same kind of runner (``runner.incumbent_runner()``: in-process,
-or a worker of its own), so the runner's overhead cancels in the ratio. The first ``warmup`` pairs
+read for their snapshot, the outputs poisoned), so neither side inherits the other's warm caches.
+Both go through the same kind of runner (``runner.incumbent_runner()``: in-process, or a worker of
+its own), so the runner's overhead cancels in the ratio. The first ``warmup`` pairs
 are discarded.
 
 **Repetitions come from the incumbent's time, never the candidate's**: the plan fixes the least
