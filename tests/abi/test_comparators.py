@@ -163,3 +163,18 @@ def test_a_failed_allclose_names_the_rows_holding_the_differing_cells():
     coarse = ref.to(torch.bfloat16)
     coarse[1] = (ref[1] * 1.01).to(torch.bfloat16)  # one row a few ulps off, within allclose's tolerance
     assert ", in 1 of 3 rows: 1; first at [1, " in UlpShare(0.01).compare(coarse, ref).detail
+
+
+def test_ulp_share_judges_one_cell_rows_at_the_outputs_scale():
+    """A row of one cell (silu_and_mul at d = 1) is no scale of its own: torch eager's silu, rounded to
+    float16 before the product, leaves a subnormal intermediate a few ulps off a tiny cell; at the
+    output's scale that error is far below an eighth of an ulp. A bfloat16-rounded path still fails."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(4096, 2, generator=g) * 30).to(torch.float16)
+    gate, up = x.double().unbind(-1)
+    expected = (torch.nn.functional.silu(gate) * up).unsqueeze(-1)
+    eager = (torch.nn.functional.silu(x[:, :1]) * x[:, 1:])  # float16 intermediate, as torch computes it
+    cmp = UlpShare(0.01)
+    assert cmp.compare(eager, expected).passed
+    through_bf16 = expected.to(torch.bfloat16).to(torch.float16)
+    assert not cmp.compare(through_bf16, expected).passed

@@ -131,6 +131,15 @@ def row_rms(expected: torch.Tensor) -> torch.Tensor:
     return e.square().mean(-1, keepdim=True).sqrt() if e.dim() else e.abs()
 
 
+def output_scale(expected: torch.Tensor) -> torch.Tensor:
+    """The scale each cell is judged against: its row's rms or the whole output's, whichever is larger.
+
+    A short row (an activation with d = 1, say) holds too few cells to estimate a scale: its rms is
+    the cell itself, so an error that is tiny at the output's scale would count at the cell's own."""
+    whole = expected.double().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).square().mean().sqrt()
+    return row_rms(expected).clamp_min(float(whole))
+
+
 def row_atol(atol: float, expected: torch.Tensor, scale_up: bool = False) -> torch.Tensor:
     """The absolute tolerance of each row: ``atol·min(1, rms(row))``, or ``atol·rms(row)`` with
     ``scale_up`` (for outputs far from unit scale). Never larger than ``atol`` unless ``scale_up``."""
@@ -309,8 +318,8 @@ class UlpShare:
     For fp32 math rounded once to a 16-bit output, the fp32 error is far below half an ulp, so a
     cell lands on the correctly rounded value or its neighbour; two roundings (an intermediate cast
     to the output dtype, as engine kernels do) stay within one ulp too. A cell whose error is at
-    most an eighth of the dtype's unit roundoff times its row's rms (the row is the last dimension)
-    is not counted: below the row's scale an fp32 path loses its own resolution (a product that
+    most an eighth of the dtype's unit roundoff times :func:`output_scale` (the larger of its row's
+    rms and the whole output's) is not counted: below that scale an fp32 path loses its own resolution (a product that
     underflows in fp32, a subnormal intermediate) without losing the output's precision. float32
     outputs are not judged: there the tolerance (1e-5, about 80 ulps) is an accumulation allowance
     and the dtype's precision is below any honest reduction's error.
@@ -324,7 +333,7 @@ class UlpShare:
             return Verdict(True, self.metric, 1.0, 1.0 - self.max_share, f"not judged for {actual.dtype}", 0.0)
         dist = ulp_distance(actual, expected)
         err = (actual.double() - expected.double()).abs().nan_to_num(nan=float("inf"))
-        floor = unit_roundoff(actual.dtype) / 8 * row_rms(expected)
+        floor = unit_roundoff(actual.dtype) / 8 * output_scale(expected)
         off = (dist > self.max_ulps) & ~(err <= floor)
         share = float(off.double().mean()) if off.numel() else 0.0
         margin = _bound(share, self.max_share)
