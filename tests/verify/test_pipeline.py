@@ -143,7 +143,7 @@ def test_envelope_boundaries_run_and_are_recorded_and_clipped():
     assert 32 < top < 10**9
 
 
-def test_router_routes_only_inside_the_verified_envelope_and_shadow_checks():
+def test_router_routes_only_inside_the_verified_envelope_and_audits():
     from kernelslot.abi import CallDescriptor
     from kernelslot.dispatch import SlotRouter
     from kernelslot.verify.envelope import envelope_domain
@@ -153,16 +153,17 @@ def test_router_routes_only_inside_the_verified_envelope_and_shadow_checks():
     router = SlotRouter(defn, [cand], verified={"variant": envelope_domain({"num_tokens": [1, 64]})})
     assert router.route(CallDescriptor(num_tokens=64)) == "variant"
     assert router.route(CallDescriptor(num_tokens=65)) == "incumbent"
-    # shadow checks: an honest variant is sampled and kept; one that is wrong in serving is disabled
+    # audits: an honest variant is audited (its first call) and kept; one that is wrong in serving is disabled
     x, w = torch.randn(4, 128), torch.ones(128)
     out = torch.empty(4, 128)
-    honest = SlotRouter(defn, [cand], shadow_rate=1.0)
+    honest = SlotRouter(defn, [cand], audits=True)
     honest(CallDescriptor(num_tokens=4), x, w, out, 1e-6)
-    assert honest.counters["variant"].shadowed == 1 and honest.counters["variant"].shadow_mismatch == 0
+    assert honest.counters["variant"].audited == 1 and honest.counters["variant"].audit_mismatch == 0
 
-    liar = SlotRouter(defn, [Candidate(Kernel(_zeros_in_serving, name="liar"), label="liar")], shadow_rate=1.0)
+    liar = SlotRouter(defn, [Candidate(Kernel(_zeros_in_serving, name="liar"), label="liar")], audits=True)
     liar(CallDescriptor(num_tokens=4), x, w, out, 1e-6)
-    assert liar.counters["liar"].shadow_mismatch == 1 and "liar" in liar.disabled
+    assert liar.counters["liar"].audit_mismatch == 1 and "liar" in liar.disabled
+    assert liar.counters["liar"].mismatches[0].call == 1
     assert torch.allclose(out, x * torch.rsqrt(x.square().mean(-1, keepdim=True) + 1e-6))  # the incumbent's answer
     assert liar.route(CallDescriptor(num_tokens=4)) == "incumbent"
 

@@ -81,6 +81,7 @@ class _Shared:
     entry: tuple  # registration message for a worker
     fd: int | None = None  # CPU storages: the descriptor sent with the registration
     nbytes: int = 0
+    owns_fd: bool = False  # ``fd`` is ours to close when the storage dies (a read-only duplicate)
 
 
 class _ArgPickler(pickle.Pickler):
@@ -148,11 +149,12 @@ class WorkerRunner(Runner):
                                            (self._log_dir, self._scratch))
 
     # -- public API ------------------------------------------------------------------------------
-    def share(self, obj: Any) -> Any:
-        """Move every CPU tensor storage reachable in ``obj`` into shared memory, in place."""
+    def share(self, obj: Any, *, read_only: bool = False) -> Any:
+        """Move every CPU tensor storage reachable in ``obj`` into shared memory, in place;
+        ``read_only``: workers map those storages read-only (a storage shared before keeps its mode)."""
         for t in _tensors(obj):
             if not t.is_cuda and t.untyped_storage().nbytes():
-                self._share_cpu(t.untyped_storage())
+                self._share_cpu(t.untyped_storage(), read_only)
         return obj
 
     def unavailable(self, kernel: Kernel) -> str | None:
@@ -456,7 +458,7 @@ class WorkerRunner(Runner):
             raise RunnerError(f"the worker failed to start (exit code {proc.exitcode}):\n{proc.log_tail()}") from None
 
     # -- shared storages -------------------------------------------------------------------------
-    def _share_cpu(self, storage: torch.UntypedStorage) -> int:
+    def _share_cpu(self, storage: torch.UntypedStorage, read_only: bool = False) -> int:
         known = self._key_of.get(storage._cdata)
         if known is not None and not self._shared[known].ref.expired():
             return known
@@ -465,6 +467,11 @@ class WorkerRunner(Runner):
         except RuntimeError as exc:
             raise RunnerError(f"cannot move a CPU storage of {storage.nbytes()} bytes into shared memory ({exc}); "
                               "allocate the tensor with torch (not from_blob/numpy) so it can be shared") from None
+        if read_only:  # a descriptor of its own that cannot map the memory writable (closed with the entry)
+            fd = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+            key = self._remember(storage, ("fd_ro", nbytes), fd=fd)
+            self._shared[key].owns_fd = True
+            return key
         return self._remember(storage, ("fd", nbytes), fd=fd)
 
     def _remember(self, storage: torch.UntypedStorage, entry: tuple, fd: int | None = None) -> int:
@@ -497,6 +504,8 @@ class WorkerRunner(Runner):
         dead = [k for k, s in self._shared.items() if s.ref.expired()]
         for k in dead:
             self._key_of = {c: v for c, v in self._key_of.items() if v != k}
+            if self._shared[k].owns_fd:
+                os.close(self._shared[k].fd)
             del self._shared[k]
         gone = [k for k in dead if k in proc.registered]
         proc.registered.difference_update(gone)

@@ -42,11 +42,11 @@ class AttentionState:
     """The router (built-in incumbent, optional candidates) and call counters of one installation."""
 
     def __init__(self, candidates: Sequence[Candidate] = (), context: Optional[CallContext] = None,
-                 verified: Optional[dict] = None):
+                 verified: Optional[dict] = None, serving: Optional[dict] = None):
         from kernelslot.dispatch import SlotRouter
         from kernelslot.slots import get_slot
 
-        self.router = SlotRouter(get_slot(SLOT), list(candidates), verified=verified)
+        self.router = SlotRouter(get_slot(SLOT), list(candidates), verified=verified, **(serving or {}))
         self.context = context or CallContext()
         self.counters: dict[str, CallCounters] = {BUILTIN: CallCounters(), MODEL_CODE: CallCounters()}
         self._lock = threading.Lock()

@@ -127,9 +127,11 @@ class ExpertsState:
     """Everything one experts module needs to serve calls for its current weight version."""
 
     def __init__(self, module: torch.nn.Module, candidates: Sequence[Candidate] = (), *,
-                 context: Optional[CallContext] = None, weight_format: str = "auto", verified: Optional[dict] = None):
+                 context: Optional[CallContext] = None, weight_format: str = "auto", verified: Optional[dict] = None,
+                 serving: Optional[dict] = None):
         self.candidates = list(candidates)
         self.verified = verified  # variant -> its verified envelope (a Staircase); routes only inside it
+        self.serving = serving or {}  # SlotRouter options: executor, audits, audit_floor (installation.py)
         self.context = context or CallContext()
         self.weight_format = weight_format
         self.counters: dict[str, CallCounters] = {BUILTIN: CallCounters(), MODEL_CODE: CallCounters()}
@@ -169,7 +171,8 @@ class ExpertsState:
         from kernelslot.slots import get_slot
 
         old = self.router
-        self.router = SlotRouter(get_slot(SLOT), self.candidates, _builtin_kernel(self.act), verified=self.verified)
+        self.router = SlotRouter(get_slot(SLOT), self.candidates, _builtin_kernel(self.act), verified=self.verified,
+                                 **self.serving)
         if old is not None:  # keep the counts across re-prepares
             for name, r in old.counters.items():
                 self.router.counters[name] = r

@@ -16,9 +16,18 @@ weight key changes), and returns an :class:`Installation` with per-slot call cou
 receipt for its content hash and slot, unless ``trust_unverified=True``; a variant is then routed only
 inside its declared domain ∩ the verified envelope that receipt recorded (a receipt that recorded
 none, made without ``envelope``, leaves the declared domain).
+
+Where a bundle runs (``trust``): ``"sandbox"`` (the default) serves it from a sandboxed
+:class:`~kernelslot.isolation.executor.Executor`, the same kind of worker it was verified in, with
+audits in this process (dispatch/router.py: calls 1, 2, 4, ... of every signature and
+``audit_floor`` of the rest, recomputed by the built-in and compared). ``"in-process"`` imports the
+bundle into this process: faster by the executor's round trip, but the bundle can then reach and
+rewrite everything here (the router, its audits, the receipts, the engine), so no verdict about it
+holds; it is logged as such. Built-in kernels always run in-process.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -29,6 +38,9 @@ from kernelslot.engines.transformers.experts import SLOT as EXPERTS_SLOT, CallCo
 
 NAME = "kernelslot"
 SLOTS = (EXPERTS_SLOT, attn.SLOT)
+TRUST_MODES = ("sandbox", "in-process")
+AUDIT_FLOOR = 1 / 64  # share of a signature's calls audited beyond the powers of two
+log = logging.getLogger("kernelslot.engines")
 
 
 class NotVerifiedError(RuntimeError):
@@ -73,6 +85,13 @@ class Installation:
     attention: Optional[attn.AttentionState] = None
     _hooks: list = field(default_factory=list)
     installed: bool = True
+    executor: Any = None  # the sandboxed executor serving the bundle (trust="sandbox")
+
+    def mismatches(self) -> list:
+        """Every audit mismatch so far (dispatch.router.AuditMismatch), in every slot."""
+        routers = [st.router for st in self.states.values() if st.router is not None]
+        routers += [self.attention.router] if self.attention is not None else []
+        return [m for r in routers for c in r.counters.values() for m in c.mismatches]
 
     def counters(self) -> dict[str, dict[str, dict[str, Any]]]:
         out: dict[str, dict[str, dict[str, Any]]] = {}
@@ -99,6 +118,8 @@ class Installation:
             self.model.set_experts_implementation(self.previous["experts"])
         if "attn" in self.previous:
             self.model.set_attn_implementation(self.previous["attn"])
+        if self.executor is not None:
+            self.executor.close()
         self.installed = False
 
 
@@ -121,22 +142,38 @@ def _reprepare_hook(state: ExpertsState):
 
 
 def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (EXPERTS_SLOT,), *,
-            store: Optional[str] = None, trust_unverified: bool = False, weight_format: str = "auto") -> Installation:
+            store: Optional[str] = None, trust_unverified: bool = False, weight_format: str = "auto",
+            trust: str = "sandbox", audit_floor: float = AUDIT_FLOOR) -> Installation:
     """Install kernelslot's built-ins (or ``bundle``'s candidates) into ``model``.
 
     ``bundle``: a loaded :class:`kernelslot.bundle.Bundle`, a bundle directory, or None (built-ins).
     ``slots``: which of :data:`SLOTS` to serve. ``store``: the result store holding verify
     receipts (required with a bundle unless ``trust_unverified``). ``weight_format``:
     ``auto`` (MXFP4 when the checkpoint was MXFP4), ``dense`` or ``mxfp4`` (re-quantised
-    losslessly; raises if not exact).
+    losslessly; raises if not exact). ``trust``: where a bundle runs, ``"sandbox"`` (a sandboxed
+    executor, audited here) or ``"in-process"`` (gives up every guarantee; see the module docstring).
+    ``audit_floor``: the share of calls audited beyond calls 1, 2, 4, ... of each signature.
     """
     slots = tuple(slots)
+    if trust not in TRUST_MODES:
+        raise ValueError(f"install: trust must be one of {', '.join(TRUST_MODES)}, got {trust!r}")
     unknown = [s for s in slots if s not in SLOTS]
     if unknown:
         raise ValueError(f"install: unknown slot(s) {unknown}; this engine serves {', '.join(SLOTS)}")
     register()
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     candidates, bundle_hash, verified = _bundle_candidates(bundle, slots, store, trust_unverified, dtype)
+    serving: dict[str, Any] = {}
+    executor = None
+    if candidates:
+        serving = {"audits": True, "audit_floor": audit_floor}
+        if trust == "sandbox":
+            from kernelslot.isolation.executor import Executor
+
+            executor = serving["executor"] = Executor()
+        else:
+            log.warning("kernelslot: bundle %s runs in this process (trust='in-process'): it can rewrite the router, "
+                        "its audits and the receipts, so neither its verify receipt nor the audits hold", bundle_hash[:12])
     context = CallContext()
     modules = experts_modules(model)
     previous: dict[str, Any] = {}
@@ -148,15 +185,16 @@ def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (
                              "interface; nothing to serve for moe.fused_experts")
         for name, m in modules:
             st = ExpertsState(m, candidates.get(EXPERTS_SLOT, ()), context=context, weight_format=weight_format,
-                              verified=verified.get(EXPERTS_SLOT))
+                              verified=verified.get(EXPERTS_SLOT), serving=serving)
             m._kernelslot_experts = st
             states[name] = st
             hooks.append(m.register_load_state_dict_post_hook(_reprepare_hook(st)))
         previous["experts"] = model.config._experts_implementation
         model.set_experts_implementation(NAME)
-    handle = Installation(model, slots, states, context, previous, bundle_hash, _hooks=hooks)
+    handle = Installation(model, slots, states, context, previous, bundle_hash, _hooks=hooks, executor=executor)
     if attn.SLOT in slots:
-        handle.attention = attn.AttentionState(candidates.get(attn.SLOT, ()), context, verified=verified.get(attn.SLOT))
+        handle.attention = attn.AttentionState(candidates.get(attn.SLOT, ()), context, verified=verified.get(attn.SLOT),
+                                               serving=serving)
         for m in model.modules():
             if hasattr(m, "is_causal"):  # the attention modules: they read the state in the call
                 m._kernelslot_attention = handle.attention
