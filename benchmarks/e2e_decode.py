@@ -18,8 +18,14 @@ hooks; the MoE speedup of kernelslot against the fastest transformers path; and 
 own overhead (the kernelslot experts call with the kernel replaced by a no-op, times the number
 of layers) as a fraction of the decode step.
 
+With ``--bundle DIR`` it measures where a bundle runs instead: the same bundle installed with
+``trust="sandbox"`` (the sandboxed executor, audits on: the default) and ``trust="in-process"``
+(audits on too), interleaved over ``--reps`` installations each, and reports the decode step and
+experts time of both and their ratio (``benchmarks/bundles/builtin_experts``: kernelslot's own
+kernel as a bundle, so the difference is the executor's round trip, staging copies and audits).
+
 Usage: python benchmarks/e2e_decode.py [--model minimax-m3|gpt-oss|all] [--layers N]
-       [--experts N] [--steps N] [--reps N] [--json FILE]
+       [--experts N] [--steps N] [--reps N] [--bundle DIR] [--json FILE]
 """
 from __future__ import annotations
 
@@ -159,6 +165,39 @@ def run(name: str, layers: int, experts: int, steps: int, reps: int) -> dict:
     return result
 
 
+def _build(name: str, layers: int, experts: int) -> tuple[torch.nn.Module, str]:
+    model = build_model(name, dtype=torch.bfloat16, sizes=_sizes(name, experts, layers), weight_std=0.02)
+    return model, "dense"
+
+
+def run_bundle(name: str, bundle: str, layers: int, experts: int, steps: int, reps: int) -> dict:
+    """The bundle served from the executor vs in-process (see the module docstring)."""
+    model, _ = _build(name, layers, experts)
+    split = Split(model)
+    runs: dict[str, list[dict]] = {"sandbox": [], "in-process": []}
+    setup: dict[str, list[float]] = {"sandbox": [], "in-process": []}
+    counters: dict[str, dict] = {}
+    for rep in range(reps):
+        for trust in (("sandbox", "in-process") if rep % 2 == 0 else ("in-process", "sandbox")):
+            t0 = time.perf_counter()
+            handle = install(model, bundle=bundle, trust_unverified=True, trust=trust)
+            setup[trust].append(time.perf_counter() - t0)
+            runs[trust].append(decode(model, split, steps))
+            counters[trust] = handle.counters()
+            if handle.mismatches():
+                raise SystemExit(f"audit mismatch serving {bundle} ({trust}): {handle.mismatches()[0].describe()}")
+            handle.uninstall()
+    result = {"model": name, "bundle": bundle, "sizes": _sizes(name, experts, layers), "variants": {}, "counters": counters}
+    for trust, rs in runs.items():
+        med = {k: statistics.median(v for r in rs for v in r[k][1:]) for k in ("step", "experts")}
+        med["install_s"] = statistics.median(setup[trust])
+        result["variants"][trust] = med
+    v = result["variants"]
+    result["step_ratio"] = v["sandbox"]["step"] / v["in-process"]["step"]
+    result["experts_ratio"] = v["sandbox"]["experts"] / v["in-process"]["experts"]
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="all", choices=("all", "minimax-m3", "gpt-oss"))
@@ -166,10 +205,25 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=0, help="experts per layer (default 16 MiniMax-M3, 32 GPT-OSS)")
     ap.add_argument("--steps", type=int, default=6, help="decode steps per run (the first is dropped)")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions")
+    ap.add_argument("--bundle", metavar="DIR", help="compare this bundle served from the executor vs in-process")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     results = []
+    if args.bundle:
+        for name in (("minimax-m3", "gpt-oss") if args.model == "all" else (args.model,)):
+            r = run_bundle(name, args.bundle, args.layers, args.experts, args.steps, args.reps)
+            results.append(r)
+            print(f"\n{name}: {args.bundle}, {args.layers} layers, {r['sizes']['experts']} experts (machine shared)")
+            for trust, v in r["variants"].items():
+                print(f"  {trust:11s} step {1e3 * v['step']:8.2f} ms  experts {1e3 * v['experts']:8.2f} ms  "
+                      f"install {v['install_s']:.1f} s")
+            print(f"  sandbox / in-process: step x{r['step_ratio']:.3f}, experts x{r['experts_ratio']:.3f}")
+            print(f"  counters (sandbox): {json.dumps(r['counters']['sandbox'])[:300]}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=2)
+        return
     for name in (("minimax-m3", "gpt-oss") if args.model == "all" else (args.model,)):
         r = run(name, args.layers, args.experts, args.steps, args.reps)
         results.append(r)
