@@ -4,6 +4,7 @@ deterministic function of the measured rates. No timing is asserted."""
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -75,12 +76,19 @@ def test_select_best_takes_the_largest_median_and_the_first_on_ties():
         select_best(measure, (), rounds=3)
 
 
-def test_read_limit_on_a_small_buffer_keeps_the_best_buffer():
+def test_read_limit_keeps_the_best_methods_and_their_buffers():
     ms = read_methods(widths=(64,), streams=(1, 2), prefetch=(0, 512))
-    lim = ReadLimit.measure(2, nbytes=4 * MIB2, slice_bytes=MIB2, rounds=1, methods=ms)
-    assert lim.best in ms and lim.buffer.huge == lim.best.huge and set(lim.medians) == set(ms)
-    assert all(math.isfinite(lim.read()) for _ in range(5))
-    assert lim.table(top=1)[0][0] == max(ms, key=lambda m: (lim.medians[m], -ms.index(m))).name
+    lim = ReadLimit.measure(2, nbytes=4 * MIB2, slice_bytes=MIB2, rounds=1, methods=ms, keep=2)
+    assert set(lim.medians) == set(ms) and len(lim.top) == 2 and lim.best == lim.top[0]
+    assert lim.best == max(ms, key=lambda m: (lim.medians[m], -ms.index(m)))
+    assert lim.medians[lim.top[0]] >= lim.medians[lim.top[1]]
+    assert set(lim.buffers) == {m.huge for m in lim.top}
+    with pytest.raises(ValueError, match="no read"):
+        lim.limit()
+    reads = [lim.read() for _ in range(6)]
+    assert all(math.isfinite(r) and r > 0 for r in reads)
+    assert lim.limit() == max(statistics.median(reads[0::2]), statistics.median(reads[1::2]))
+    assert lim.table(top=1)[0][0] == lim.best.name
 
 
 def test_bad_arguments_are_refused(buf):

@@ -138,48 +138,65 @@ def select_best(measure: Callable[[ReadMethod], float], methods: Sequence[ReadMe
 
 
 class ReadLimit:
-    """The best read method on this machine and the buffers to re-measure it with.
+    """The best read methods on this machine and the buffers to re-measure them with.
 
     ``ReadLimit.measure(threads)`` tries :func:`read_methods` on ``nbytes`` buffers (default
-    1 GiB, ten times a 105 MiB LLC; one buffer with huge pages advised, one without) and keeps
-    the best; :meth:`read` then re-reads a rotating ``slice_bytes`` slice with that method, for
-    interleaving with the kernels."""
+    1 GiB, ten times a 105 MiB LLC; one with huge pages advised, one without) and keeps the
+    ``keep`` best; :meth:`read` then reads a rotating ``slice_bytes`` slice by each of them in
+    turn, for interleaving with the kernels, and :meth:`limit` is the best of their medians."""
 
-    def __init__(self, threads: int, best: ReadMethod, medians: dict[ReadMethod, float],
-                 buffer: ProbeBuffer, slice_bytes: int):
-        self.threads, self.best, self.medians, self.buffer = threads, best, medians, buffer
-        self.slice_bytes, self._i = slice_bytes, 0
+    def __init__(self, threads: int, top: Sequence[ReadMethod], medians: dict[ReadMethod, float],
+                 buffers: dict[bool, ProbeBuffer], slice_bytes: int):
+        self.threads, self.top, self.medians, self.buffers = threads, tuple(top), medians, buffers
+        self.best, self.slice_bytes = self.top[0], slice_bytes
+        self._i, self._pos = 0, {h: 0 for h in buffers}
+        self.rates: dict[ReadMethod, list[float]] = {m: [] for m in self.top}
 
     @classmethod
     def measure(cls, threads: int, nbytes: int = 1 << 30, slice_bytes: int = 1 << 28, rounds: int = 3,
-                methods: Optional[Sequence[ReadMethod]] = None) -> "ReadLimit":
+                methods: Optional[Sequence[ReadMethod]] = None, keep: int = 3) -> "ReadLimit":
         methods = tuple(methods or read_methods())
-        if nbytes % slice_bytes:
-            raise ValueError(f"ReadLimit.measure: nbytes {nbytes} must be a multiple of slice_bytes {slice_bytes}")
+        if nbytes % slice_bytes or keep < 1:
+            raise ValueError(f"ReadLimit.measure: nbytes {nbytes} must be a multiple of slice_bytes {slice_bytes}, "
+                             f"keep >= 1 (got {keep})")
         bufs = {h: ProbeBuffer(nbytes, h) for h in sorted({m.huge for m in methods})}
-        pos = {h: 0 for h in bufs}
-
-        def one(m: ReadMethod) -> float:  # a rotating slice, so consecutive reads never hit the LLC
-            k = nbytes // slice_bytes
-            off = (pos[m.huge] % k) * slice_bytes
-            pos[m.huge] += 1
-            return bufs[m.huge].read(m, threads, off, slice_bytes)[0]
+        lim = cls(threads, methods[:1], {}, bufs, slice_bytes)
         for m in methods:  # warm every path once, untimed
-            one(m)
-        best, med = select_best(one, methods, rounds)
+            lim._read(m)
+        best, med = select_best(lim._read, methods, rounds)
+        order = sorted(methods, key=lambda m: (-med[m], methods.index(m)))
+        assert order[0] == best
+        top = order[:keep]
         for h in list(bufs):
-            if h != best.huge:
+            if all(m.huge != h for m in top):
                 bufs.pop(h).close()
-        return cls(threads, best, med, bufs[best.huge], slice_bytes)
+        return cls(threads, top, med, bufs, slice_bytes)
+
+    def _read(self, m: ReadMethod) -> float:
+        buf = self.buffers[m.huge]
+        k = buf.nbytes // self.slice_bytes  # a rotating slice: consecutive reads never hit the LLC
+        off = (self._pos[m.huge] % k) * self.slice_bytes
+        self._pos[m.huge] += 1
+        return buf.read(m, self.threads, off, self.slice_bytes)[0]
 
     def read(self) -> float:
-        """One read of the next slice by the best method; GB/s."""
-        k = self.buffer.nbytes // self.slice_bytes
-        off = (self._i % k) * self.slice_bytes
+        """One read of the next slice by the next of the kept methods; GB/s (also recorded)."""
+        m = self.top[self._i % len(self.top)]
         self._i += 1
-        return self.buffer.read(self.best, self.threads, off, self.slice_bytes)[0]
+        rate = self._read(m)
+        self.rates[m].append(rate)
+        return rate
+
+    def limit(self, reset: bool = True) -> float:
+        """The largest median over the kept methods of the reads since the last reset (GB/s)."""
+        meds = [statistics.median(v) for v in self.rates.values() if v]
+        if not meds:
+            raise ValueError("ReadLimit.limit: no read since the last reset; call read() first")
+        if reset:
+            self.rates = {m: [] for m in self.top}
+        return max(meds)
 
     def table(self, top: int = 0) -> list[tuple[str, float]]:
-        """(method name, median GB/s), fastest first (``top`` > 0: only that many)."""
+        """(method name, median GB/s of the selection), fastest first (``top`` > 0: only that many)."""
         rows = sorted(self.medians.items(), key=lambda kv: -kv[1])
         return [(m.name, v) for m, v in (rows[:top] if top else rows)]
