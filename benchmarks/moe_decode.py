@@ -73,6 +73,11 @@ class Case:
     transformers: bool = True  # False where a bf16 copy of the layer does not fit in memory
     gauss: bool = False        # FP8: quantised Gaussian weights instead of random codes
 
+    @property
+    def label(self) -> str:
+        """The name --formats selects: the format, with -gauss for quantised Gaussian FP8 weights."""
+        return self.fmt + ("-gauss" if self.gauss else "")
+
 
 # MiniMax-M3 layers are large (NVFP4 4.0 GB, bf16 14.5 GB at 128 experts): one NVFP4 layer is
 # used (4 random experts of 128 per token leave no useful LLC reuse), and bf16 runs 32 experts
@@ -88,6 +93,9 @@ QUICK_CASES = (
     Case("GPT-OSS-20B", "mxfp4", 32, 2880, 2880, 4, 2, mx_path=True),
     Case("GPT-OSS-20B", "nvfp4", 32, 2880, 2880, 4, 2),
     Case("GPT-OSS-20B", "mxfp8", 32, 2880, 2880, 4, 1, mx_path=True),
+    # realistic MXFP8 codes: random codes are 1/16 zero or subnormal, which costs ~24x on Intel
+    # (denormal assists; docs/native.md, "Preliminary peer table")
+    Case("GPT-OSS-20B", "mxfp8", 32, 2880, 2880, 4, 1, mx_path=True, gauss=True),
     Case("GPT-OSS-20B", "bf16", 32, 2880, 2880, 4, 1),
 )
 TOKENS = (1, 2, 4, 8, 16, 32)
@@ -257,7 +265,7 @@ def run_case(c: Case, tokens, iters: int, threads: int, limit: ReadLimit, cpu_ba
         gc.collect()
         peers = [Peer(lib, c, threads) for lib in peer_libs]
     per_expert = prepared[0].weight_bytes_per_expert
-    print(f"\n== {c.shape} {c.fmt}{' (MX path: MXFP8 activations)' if c.mx_path else ''}: E={c.E} H={c.H} I={c.I} K={c.K}, {c.layers} layer(s) rotated, "
+    print(f"\n== {c.shape} {c.label}{' (MX path: MXFP8 activations)' if c.mx_path else ''}: E={c.E} H={c.H} I={c.I} K={c.K}, {c.layers} layer(s) rotated, "
           f"{per_expert / 1e6:.1f} MB/expert {('(' + c.note + ')') if c.note else ''}"
           f" [setup {time.perf_counter() - t0:.0f} s]")
     for pe in peers:
@@ -337,7 +345,7 @@ def run_case(c: Case, tokens, iters: int, threads: int, limit: ReadLimit, cpu_ba
                     print(f"   transformers {impl} failed on CPU: {type(exc).__name__}: {exc}")
                     speed[impl] = None
         fmtx = lambda v: f"{v:8.1f}" if v is not None else f"{'-':>8}"
-        rec = {"shape": c.shape, "format": c.fmt, "mx_path": c.mx_path, "T": T, "median_s": med, "weight_bytes": nbytes,
+        rec = {"shape": c.shape, "format": c.fmt, "label": c.label, "mx_path": c.mx_path, "T": T, "median_s": med, "weight_bytes": nbytes,
                "gbps": gbps, "fraction_of_bandwidth": gbps / row_bw, "read_probe_gbps": row_bw,
                "read_probe_methods": [m.name for m in limit.top],
                "speedup_vs_torch": speed["torch"],
@@ -427,7 +435,7 @@ def decode_cycles(gen: torch.Generator, iters: int, formats=CYCLE_FORMATS) -> li
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="GPT-OSS-20B shape, MXFP4 / NVFP4 / MXFP8 / bf16, T=1 and T=8 only")
+                    help="GPT-OSS-20B shape, MXFP4 / NVFP4 / MXFP8 (random codes; mxfp8-gauss: quantised Gaussian) / bf16, T=1 and T=8 only")
     ap.add_argument("--peer-lib", metavar="SO", action="append",
                     help="peer library built by benchmarks/peer_moe.sh (repeat for several peers)")
     ap.add_argument("--cycles", action="store_true", help="only the hot decode cost in cycles per 32 weights")
@@ -471,11 +479,11 @@ def main(argv: list[str] | None = None) -> int:
     cases = QUICK_CASES if args.quick else CASES
     if args.formats:
         wanted = args.formats.split(",")
-        unknown = sorted(set(wanted) - {c.fmt for c in cases})
+        unknown = sorted(set(wanted) - {c.label for c in cases})
         if unknown:
             ap.error(f"--formats: no {'--quick ' if args.quick else ''}case has format(s) {', '.join(unknown)} "
-                     f"(choose from {', '.join(sorted({c.fmt for c in cases}))})")
-        cases = tuple(c for c in cases if c.fmt in wanted)
+                     f"(choose from {', '.join(sorted({c.label for c in cases}))})")
+        cases = tuple(c for c in cases if c.label in wanted)
     tokens = (1, 8) if args.quick else TOKENS
     if args.tokens:
         try:
@@ -489,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         records += run_case(c, tokens, args.iters, args.threads, limit, cbw, gen, not args.no_transformers,
                             args.peer_lib)
     bw_end, _, cbw_end = measure_bandwidth(limit)
-    wrong = [f"{r['format']} T={r['T']}: {f}" for r in records for f in r["probe_is_wrong"]]
+    wrong = [f"{r['label']} T={r['T']}: {f}" for r in records for f in r["probe_is_wrong"]]
     print(f"\nPROBE IS WRONG in {len(wrong)} row(s): " + "; ".join(wrong) if wrong else
           "\nno kernel or peer figure above the read limit")
     print(f"\nread bandwidth at the end: {bw_end:.1f} GB/s (start {bw:.1f}); CPU-normalised "
