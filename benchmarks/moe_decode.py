@@ -3,20 +3,26 @@ our torch path and transformers' experts implementations.
 
 Per case (model shape, weight format, T tokens) it prints the median wall time of one call,
 the weight bytes the call must read (each distinct routed expert once), the achieved GB/s, the
-fraction of the read bandwidth measured by the native read kernel interleaved with the calls
-(``probe``: the median of one 256 MiB streaming read after every timed call of the row, so the
-fraction compares rates measured under the same host conditions), and the
+fraction of this machine's read limit (``probe``: ``kernelslot.kernels.native.probe.ReadLimit``,
+the best of every read method tried at the start: vector width, 1-4 streams per thread, prefetch
+distance, huge pages or not; its three best methods are re-measured by one 256 MiB read after
+every timed call of the row, and the row's limit is the best of their medians, so the fraction
+compares rates measured under the same host conditions). A kernel or peer figure above the
+row's limit is flagged ``PROBE IS WRONG`` (the limit is then not the machine's), and the
 speedups over our torch path (``kernelslot.kernels.moe_block.selective_experts``) and over
 transformers' ``eager`` / ``batched_mm`` / ``grouped_mm`` experts on the same weights in bf16
 (dequantised for 4-bit formats). Because the machine is shared, it also prints CPU-normalised
 rates (bytes over process CPU seconds per thread) for the native calls and the read probe. Routing is fresh and uniform every call; several layers'
 weights are rotated so the working set exceeds the LLC (see LAYERS below).
 
-With ``--peer-lib`` (built by benchmarks/peer_moe.sh from a ggml source tree outside this
-repository) every native call is interleaved with the same routed call on ggml's CPU backend
-(MUL_MAT_ID as llama.cpp runs it; MXFP8 is compared with ggml's q8_0, the closest 8-bit type)
-and the table adds the peer's GB/s and our speedup over it, by wall time and by process CPU
-time (``x peer cpu``: robust to a shared machine; run with ``--threads 1`` for a comparison
+With ``--peer-lib`` (repeatable; built by benchmarks/peer_moe.sh from an upstream ggml or an
+ik_llama.cpp source tree outside this repository) every native call is interleaved with the same
+routed call on each peer (upstream ggml: MUL_MAT_ID as llama.cpp runs it, MXFP8 as q8_0;
+ik_llama.cpp: weights repacked to its row-interleaved types, its fused ggml_moe_up_gate, MXFP8 as
+Q8_0_R8, NVFP4 as IQ4_NL_R4). Before timing, each peer's output is checked against a double
+reference (``check``: relative L2 error, at most PEER_TOLERANCE). The table adds each peer's ms,
+GB/s and the ratio peer time / ours (``x NAME``; above 1 we are faster) by wall time and by
+process CPU time (``cpu``: robust to a shared machine; run with ``--threads 1`` for a comparison
 no scheduler noise can skew); the torch and transformers comparisons are skipped in that mode.
 
 Usage: python benchmarks/moe_decode.py [--quick] [--json FILE] [--iters N] [--threads N]
@@ -27,7 +33,6 @@ Usage: python benchmarks/moe_decode.py [--quick] [--json FILE] [--iters N] [--th
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import os
@@ -49,9 +54,9 @@ from kernelslot.kernels.native import (
     expert_mlp_native,
     native_status,
     prepare_native_experts,
-    read_bandwidth_probe,
     warm_thread_pool,
 )
+from kernelslot.kernels.native.probe import ReadLimit
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,11 @@ class Case:
     transformers: bool = True  # False where a bf16 copy of the layer does not fit in memory
     gauss: bool = False        # FP8: quantised Gaussian weights instead of random codes
 
+    @property
+    def label(self) -> str:
+        """The name --formats selects: the format, with -gauss for quantised Gaussian FP8 weights."""
+        return self.fmt + ("-gauss" if self.gauss else "")
+
 
 # MiniMax-M3 layers are large (NVFP4 4.0 GB, bf16 14.5 GB at 128 experts): one NVFP4 layer is
 # used (4 random experts of 128 per token leave no useful LLC reuse), and bf16 runs 32 experts
@@ -83,10 +93,13 @@ QUICK_CASES = (
     Case("GPT-OSS-20B", "mxfp4", 32, 2880, 2880, 4, 2, mx_path=True),
     Case("GPT-OSS-20B", "nvfp4", 32, 2880, 2880, 4, 2),
     Case("GPT-OSS-20B", "mxfp8", 32, 2880, 2880, 4, 1, mx_path=True),
+    # realistic MXFP8 codes: random codes are 1/16 zero or subnormal, which costs ~24x on Intel
+    # (denormal assists; docs/native.md, "Preliminary peer table")
+    Case("GPT-OSS-20B", "mxfp8", 32, 2880, 2880, 4, 1, mx_path=True, gauss=True),
     Case("GPT-OSS-20B", "bf16", 32, 2880, 2880, 4, 1),
 )
 TOKENS = (1, 2, 4, 8, 16, 32)
-PEER_TYPES = {"mxfp4": 39, "nvfp4": 40, "mxfp8": 8, "bf16": 30}  # ggml types (mxfp8 -> q8_0)
+PEER_TOLERANCE = 0.05  # the peers round activations to 8 bits (bf16 ones to bf16): ~1e-2 relative
 ACT = ExpertActivation("silu")
 BATCHED_MM_MAX_BYTES = 2 << 30  # batched_mm gathers one weight copy per (token, k) pair
 
@@ -137,48 +150,17 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
-@functools.cache
-def probe_buffer() -> torch.Tensor:
-    """The 1 GiB the read probes stream (allocated and touched once per run)."""
-    return torch.ones(1 << 30, dtype=torch.uint8)
-
-
-def measure_bandwidth(threads: int, repeats: int = 9) -> tuple[float, float, float]:
-    """(median GB/s, relative spread, CPU-normalised GB/s) of a 1 GiB streaming read by the
-    native kernel. CPU-normalised = bytes / (process CPU seconds / threads): what the wall rate
-    would be if the threads had the cores to themselves (the box is shared)."""
-    buf = probe_buffer()
-    read_bandwidth_probe(buf, threads)
+def measure_bandwidth(limit: ReadLimit, repeats: int = 9) -> tuple[float, float, float]:
+    """(GB/s limit, relative spread, CPU-normalised GB/s) of ``repeats`` reads by the limit's kept
+    methods. CPU-normalised = bytes / (process CPU seconds / threads): what the wall rate would be
+    if the threads had the cores to themselves (the box is shared)."""
     rates, cpu_rates = [], []
     for _ in range(repeats):
-        t, c = time.perf_counter(), cpu_seconds()
-        read_bandwidth_probe(buf, threads)
-        rates.append(buf.numel() / (time.perf_counter() - t) / 1e9)
-        cpu_rates.append(buf.numel() * threads / max(cpu_seconds() - c, 1e-9) / 1e9)
-    med = statistics.median(rates)
-    return med, (max(rates) - min(rates)) / med, statistics.median(cpu_rates)
-
-
-class RowProbe:
-    """The read probe interleaved with a row's calls: one 256 MiB streaming read (a rotating
-    slice of a 1 GiB buffer, so it is never LLC-resident) per call; ``median()`` in GB/s."""
-
-    CHUNK = 1 << 28
-
-    def __init__(self, threads: int):
-        self.buf = probe_buffer()
-        self.threads, self.i, self.rates = threads, 0, []
-
-    def read(self) -> None:
-        part = self.buf[(self.i % 4) * self.CHUNK:(self.i % 4 + 1) * self.CHUNK]
-        self.i += 1
-        t = time.perf_counter()
-        read_bandwidth_probe(part, self.threads)
-        self.rates.append(self.CHUNK / (time.perf_counter() - t) / 1e9)
-
-    def median(self) -> float:
-        out, self.rates = statistics.median(self.rates), []
-        return out
+        c = cpu_seconds()
+        rates.append(limit.read())
+        cpu_rates.append(limit.slice_bytes * limit.threads / max(cpu_seconds() - c, 1e-9) / 1e9)
+    best = limit.limit()
+    return best, (max(rates) - min(rates)) / best, statistics.median(cpu_rates)
 
 
 def time_calls(fn, n: int) -> list[float]:
@@ -219,26 +201,45 @@ def transformers_experts(weights: ExpertWeights, c: Case):
 
 
 class Peer:
-    """ggml's CPU backend on the same case (benchmarks/peer/ggml_moe_peer.c via ctypes)."""
+    """A peer engine on the same case: benchmarks/peer/ggml_moe_peer.c (upstream ggml) or
+    ik_moe_peer.c (ik_llama.cpp), built by benchmarks/peer_moe.sh, via ctypes."""
 
     def __init__(self, lib_path: str, c: Case, threads: int):
         lib = ctypes.CDLL(lib_path)
+        lib.peer_type_for.restype = ctypes.c_int
+        lib.peer_type_for.argtypes = [ctypes.c_char_p]
         lib.peer_new.restype = ctypes.c_void_p
         lib.peer_new.argtypes = [ctypes.c_int] * 6 + [ctypes.c_uint64]
         lib.peer_tokens.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.peer_run.restype = ctypes.c_double
         lib.peer_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.peer_check.restype = ctypes.c_double
+        lib.peer_check.argtypes = [ctypes.c_void_p]
+        lib.peer_describe.restype = ctypes.c_char_p
+        lib.peer_describe.argtypes = [ctypes.c_void_p]
         lib.peer_expert_bytes.restype = ctypes.c_int64
         lib.peer_expert_bytes.argtypes = [ctypes.c_void_p]
         self.lib, self.case = lib, c
-        self.handle = lib.peer_new(PEER_TYPES[c.fmt], c.E, c.H, c.I, c.layers, threads, 12345)
+        gtype = lib.peer_type_for(c.fmt.encode())
+        if gtype < 0:
+            raise RuntimeError(f"peer {lib_path} has no type for {c.fmt}")
+        self.handle = lib.peer_new(gtype, c.E, c.H, c.I, c.layers, threads, 12345)
         if not self.handle:
-            raise RuntimeError(f"peer_new failed for {c.fmt}")
+            raise RuntimeError(f"peer_new failed for {c.fmt} ({lib_path})")
         self.expert_bytes = lib.peer_expert_bytes(self.handle)
+        self.describe = lib.peer_describe(self.handle).decode()
+        self.name = "ik" if self.describe.startswith("ik_llama") else "ggml"
+        self.check_errors: dict[int, float] = {}
 
     def tokens(self, T: int) -> None:
+        """Build the graphs for T tokens and check the output against the reference (raises when off)."""
         if self.lib.peer_tokens(self.handle, T, self.case.K) != 0:
             raise RuntimeError("peer_tokens failed")
+        err = self.lib.peer_check(self.handle)
+        self.check_errors[T] = err
+        if not err <= PEER_TOLERANCE:
+            raise RuntimeError(f"peer {self.describe}: output at T={T} is off the reference by {err:.3g} "
+                               f"(relative L2; tolerance {PEER_TOLERANCE}): not timing a wrong result")
 
     def run(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> float:
         ids32, w32 = ids.to(torch.int32).contiguous(), weights.float().contiguous()
@@ -248,28 +249,35 @@ class Peer:
         return t
 
 
-def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_bandwidth: float,
-             gen: torch.Generator, with_transformers: bool, peer_lib: str | None = None) -> list[dict]:
+def probe_verdict(who: str, gbps: float, limit: float) -> str | None:
+    """The flag for a figure above the row's read limit (None when it is not above)."""
+    return f"{who} {gbps:.1f} GB/s > probe {limit:.1f}" if gbps > limit else None
+
+
+def run_case(c: Case, tokens, iters: int, threads: int, limit: ReadLimit, cpu_bandwidth: float,
+             gen: torch.Generator, with_transformers: bool, peer_libs: list[str] | None = None) -> list[dict]:
     t0 = time.perf_counter()
     layers = [random_experts(c, gen) for _ in range(c.layers)]
     prepared = [prepare_native_experts(w) for w in layers]
-    peer = None
-    if peer_lib:  # the torch / transformers comparisons are skipped: free the source weights
+    peers: list[Peer] = []
+    if peer_libs:  # the torch / transformers comparisons are skipped: free the source weights
         layers = None
         gc.collect()
-        peer = Peer(peer_lib, c, threads)
+        peers = [Peer(lib, c, threads) for lib in peer_libs]
     per_expert = prepared[0].weight_bytes_per_expert
-    print(f"\n== {c.shape} {c.fmt}{' (MX path: MXFP8 activations)' if c.mx_path else ''}: E={c.E} H={c.H} I={c.I} K={c.K}, {c.layers} layer(s) rotated, "
+    print(f"\n== {c.shape} {c.label}{' (MX path: MXFP8 activations)' if c.mx_path else ''}: E={c.E} H={c.H} I={c.I} K={c.K}, {c.layers} layer(s) rotated, "
           f"{per_expert / 1e6:.1f} MB/expert {('(' + c.note + ')') if c.note else ''}"
           f" [setup {time.perf_counter() - t0:.0f} s]")
-    tf = transformers_experts(layers[0], c) if with_transformers and c.transformers and not peer else None
-    torch_budget_ok = peer is None
+    for pe in peers:
+        print(f"   peer {pe.name}: {pe.describe}")
+    tf = transformers_experts(layers[0], c) if with_transformers and c.transformers and not peers else None
+    torch_budget_ok = not peers
     records = []
-    probe = RowProbe(threads)
     header = (f"{'T':>3} {'median ms':>10} {'MB read':>8} {'GB/s':>6} {'probe':>6} {'of bw':>6} {'spread':>6} "
-              f"{'cpuGB/s':>7} {'of cbw':>6} "
-              f"{'x torch':>8} {'x eager':>8} {'x bmm':>8} {'x gmm':>8}"
-              + (f" {'peer ms':>8} {'peerGB/s':>8} {'x peer':>7} {'x peer cpu':>10}" if peer else ""))
+              f"{'cpuGB/s':>7} {'of cbw':>6}"
+              + ("".join(f" {pe.name + ' ms':>8} {pe.name + 'GB/s':>8} {'x ' + pe.name:>7} {'cpu':>5} {'check':>7}"
+                         for pe in peers) if peers else
+                 f" {'x torch':>8} {'x eager':>8} {'x bmm':>8} {'x gmm':>8}"))
     print(header)
     for T in tokens:
         x = torch.randn(T, c.H, generator=gen)
@@ -280,34 +288,38 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
             ids, w = routes[i]
             expert_mlp_native(x, ids, w, prepared[i % c.layers], ACT, True, c.mx_path, out, num_threads=threads)
         native(0)
-        if peer:
-            peer.tokens(T)
-            peer.run(0, *routes[0])
-        times, peer_times, cpu = [], [], {"ours": 0.0, "peer": 0.0}
+        for pe in peers:
+            pe.tokens(T)  # checks its output against the reference first
+            pe.run(0, *routes[0])
+        times, peer_times, cpu = [], [[] for _ in peers], [0.0] * (1 + len(peers))
 
         def ours(i):
-            warm_thread_pool(threads)  # untimed: the probe read or the peer's call ran since ours
+            warm_thread_pool(threads)  # untimed: the probe read or a peer's call ran since ours
             c0 = cpu_seconds()
             times.extend(time_calls(lambda _: native(i), 1))
-            cpu["ours"] += cpu_seconds() - c0
+            cpu[0] += cpu_seconds() - c0
 
-        def theirs(i):
-            c0 = cpu_seconds()
-            peer_times.append(peer.run(i % c.layers, *routes[i]))  # its pool is resumed untimed too
-            cpu["peer"] += cpu_seconds() - c0
-        for i in range(iters):  # on the same routing: ours then the peer, then the other way; a probe read
-            for call in (((ours, theirs) if i % 2 == 0 else (theirs, ours)) if peer else (ours,)):
-                call(i)
-            probe.read()
-        cpu_per_call, peer_cpu_per_call = cpu["ours"] / iters, cpu["peer"] / iters  # ru_* resolution
+        def theirs(j):
+            def call(i):
+                c0 = cpu_seconds()
+                peer_times[j].append(peers[j].run(i % c.layers, *routes[i]))  # its threads are woken untimed too
+                cpu[1 + j] += cpu_seconds() - c0
+            return call
+        calls = [ours] + [theirs(j) for j in range(len(peers))]
+        for i in range(iters):  # on the same routing: each side in turn, who goes first rotating; a probe read
+            for k in range(len(calls)):
+                calls[(i + k) % len(calls)](i)
+            limit.read()
+        cpu_per_call = cpu[0] / iters  # ru_* resolution
         med = statistics.median(times)
-        row_bw = probe.median()
+        row_bw = limit.limit()
         distinct = statistics.median(len(torch.unique(r[0])) for r in routes)
         nbytes = int(distinct * per_expert)
         gbps = nbytes / med / 1e9
         cpu_gbps = nbytes * threads / max(cpu_per_call, 1e-9) / 1e9
         spread = (max(times) - min(times)) / med
         n_slow = max(3, iters // 5)
+        flags = [probe_verdict("ours", gbps, row_bw)]
 
         def torch_path(i):
             ids, w = routes[i]
@@ -333,30 +345,35 @@ def run_case(c: Case, tokens, iters: int, threads: int, bandwidth: float, cpu_ba
                     print(f"   transformers {impl} failed on CPU: {type(exc).__name__}: {exc}")
                     speed[impl] = None
         fmtx = lambda v: f"{v:8.1f}" if v is not None else f"{'-':>8}"
+        rec = {"shape": c.shape, "format": c.fmt, "label": c.label, "mx_path": c.mx_path, "T": T, "median_s": med, "weight_bytes": nbytes,
+               "gbps": gbps, "fraction_of_bandwidth": gbps / row_bw, "read_probe_gbps": row_bw,
+               "read_probe_methods": [m.name for m in limit.top],
+               "speedup_vs_torch": speed["torch"],
+               "speedup_vs_transformers": {k: v for k, v in speed.items() if k != "torch"},
+               "spread": spread, "cpu_normalised_gbps": cpu_gbps,
+               "cpu_normalised_fraction": cpu_gbps / cpu_bandwidth, "iters": iters, "threads": threads, "layers": c.layers,
+               "num_experts": c.E, "note": c.note, "peers": {}}
+        cols = ""
+        for j, pe in enumerate(peers):
+            pmed = statistics.median(peer_times[j])
+            pgbps = distinct * pe.expert_bytes / pmed / 1e9
+            flags.append(probe_verdict(pe.name, pgbps, row_bw))
+            cols += (f" {pmed * 1e3:8.2f} {pgbps:8.1f} {pmed / med:7.2f} {cpu[1 + j] / iters / cpu_per_call:5.2f}"
+                     f" {pe.check_errors[T]:7.1e}")
+            rec["peers"][pe.name] = {"describe": pe.describe, "median_s": pmed, "gbps": pgbps,
+                                     "weight_bytes": int(distinct * pe.expert_bytes), "speedup_vs_peer": pmed / med,
+                                     "cpu_speedup_vs_peer": cpu[1 + j] / iters / cpu_per_call,
+                                     "times_s": peer_times[j], "check_error": pe.check_errors[T]}
+        flags = [f for f in flags if f]
+        rec["times_s"], rec["probe_is_wrong"] = times, flags
+        if not peers:
+            cols = (f" {fmtx(speed['torch'])} {fmtx(speed.get('eager'))} {fmtx(speed.get('batched_mm'))} "
+                    f"{fmtx(speed.get('grouped_mm'))}")
         print(f"{T:>3} {med * 1e3:10.2f} {nbytes / 1e6:8.1f} {gbps:6.1f} {row_bw:6.1f} {gbps / row_bw:6.0%} {spread:6.0%} "
-              f"{cpu_gbps:7.1f} {cpu_gbps / cpu_bandwidth:6.0%} "
-              f"{fmtx(speed['torch'])} {fmtx(speed.get('eager'))} {fmtx(speed.get('batched_mm'))} "
-              f"{fmtx(speed.get('grouped_mm'))}"
-              + (f" {statistics.median(peer_times) * 1e3:8.2f} "
-                 f"{distinct * peer.expert_bytes / statistics.median(peer_times) / 1e9:8.1f} "
-                 f"{statistics.median(peer_times) / med:7.2f} {peer_cpu_per_call / cpu_per_call:10.2f}"
-                 if peer else ""), flush=True)
-        records.append({"shape": c.shape, "format": c.fmt, "mx_path": c.mx_path, "T": T, "median_s": med, "weight_bytes": nbytes,
-                        "gbps": gbps, "fraction_of_bandwidth": gbps / row_bw, "read_probe_gbps": row_bw,
-                        "fraction_of_run_bandwidth": gbps / bandwidth,
-                        "speedup_vs_torch": speed["torch"],
-                        "speedup_vs_transformers": {k: v for k, v in speed.items() if k != "torch"},
-                        "spread": spread, "cpu_normalised_gbps": cpu_gbps,
-                        "cpu_normalised_fraction": cpu_gbps / cpu_bandwidth, "iters": iters, "threads": threads, "layers": c.layers,
-                        "num_experts": c.E, "note": c.note})
-        if peer:
-            pmed = statistics.median(peer_times)
-            records[-1].update({"peer_median_s": pmed, "peer_gbps": distinct * peer.expert_bytes / pmed / 1e9,
-                                "peer_weight_bytes": int(distinct * peer.expert_bytes),
-                                "speedup_vs_peer": pmed / med,
-                                "cpu_speedup_vs_peer": peer_cpu_per_call / cpu_per_call,
-                                "peer_type": {"mxfp8": "q8_0"}.get(c.fmt, c.fmt)})
-    del layers, prepared, tf
+              f"{cpu_gbps:7.1f} {cpu_gbps / cpu_bandwidth:6.0%}" + cols
+              + (f"   PROBE IS WRONG: {'; '.join(flags)}" if flags else ""), flush=True)
+        records.append(rec)
+    del layers, prepared, tf, peers
     gc.collect()
     return records
 
@@ -418,8 +435,9 @@ def decode_cycles(gen: torch.Generator, iters: int, formats=CYCLE_FORMATS) -> li
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
-                    help="GPT-OSS-20B shape, MXFP4 / NVFP4 / MXFP8 / bf16, T=1 and T=8 only")
-    ap.add_argument("--peer-lib", metavar="SO", help="ggml peer library built by benchmarks/peer_moe.sh")
+                    help="GPT-OSS-20B shape, MXFP4 / NVFP4 / MXFP8 (random codes; mxfp8-gauss: quantised Gaussian) / bf16, T=1 and T=8 only")
+    ap.add_argument("--peer-lib", metavar="SO", action="append",
+                    help="peer library built by benchmarks/peer_moe.sh (repeat for several peers)")
     ap.add_argument("--cycles", action="store_true", help="only the hot decode cost in cycles per 32 weights")
     ap.add_argument("--formats", metavar="F,...",
                     help="comma-separated formats: the cases to run (default: all), or with --cycles the "
@@ -446,18 +464,26 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "w") as f:
                 json.dump({"isa": isa, "decode_cycles": cycles}, f, indent=1)
         return 0
-    bw, bw_spread, cbw = measure_bandwidth(args.threads)
-    print(f"native ISA {isa}, {args.threads} threads; measured read bandwidth {bw:.1f} GB/s "
-          f"(spread {bw_spread:.0%} over 9 reads of 1 GiB; CPU-normalised {cbw:.1f} GB/s); "
-          f"load average {os.getloadavg()[0]:.1f}")
+    t0 = time.perf_counter()
+    limit = ReadLimit.measure(args.threads)
+    print(f"read limit: {len(limit.medians)} read methods tried over 256 MiB slices of 1 GiB buffers "
+          f"({time.perf_counter() - t0:.0f} s), {args.threads} threads; best medians: "
+          + ", ".join(f"{n} {v:.1f}" for n, v in limit.table(top=5))
+          + f"; THP buffer backed by huge pages: "
+          + (f"{(limit.buffers[True].huge_bytes() or 0) / limit.buffers[True].nbytes:.0%}" if True in limit.buffers
+             else "not kept"))
+    bw, bw_spread, cbw = measure_bandwidth(limit)
+    print(f"native ISA {isa}, {args.threads} threads; read limit {bw:.1f} GB/s "
+          f"(best median of {', '.join(m.name for m in limit.top)}, spread {bw_spread:.0%} over 9 reads of 256 MiB; "
+          f"CPU-normalised {cbw:.1f} GB/s); load average {os.getloadavg()[0]:.1f}")
     cases = QUICK_CASES if args.quick else CASES
     if args.formats:
         wanted = args.formats.split(",")
-        unknown = sorted(set(wanted) - {c.fmt for c in cases})
+        unknown = sorted(set(wanted) - {c.label for c in cases})
         if unknown:
             ap.error(f"--formats: no {'--quick ' if args.quick else ''}case has format(s) {', '.join(unknown)} "
-                     f"(choose from {', '.join(sorted({c.fmt for c in cases}))})")
-        cases = tuple(c for c in cases if c.fmt in wanted)
+                     f"(choose from {', '.join(sorted({c.label for c in cases}))})")
+        cases = tuple(c for c in cases if c.label in wanted)
     tokens = (1, 8) if args.quick else TOKENS
     if args.tokens:
         try:
@@ -468,14 +494,18 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--tokens: every batch size must be in 1..64 (the native domain), got {args.tokens!r}")
     records = []
     for c in cases:
-        records += run_case(c, tokens, args.iters, args.threads, bw, cbw, gen, not args.no_transformers,
+        records += run_case(c, tokens, args.iters, args.threads, limit, cbw, gen, not args.no_transformers,
                             args.peer_lib)
-    bw_end, _, cbw_end = measure_bandwidth(args.threads)
+    bw_end, _, cbw_end = measure_bandwidth(limit)
+    wrong = [f"{r['label']} T={r['T']}: {f}" for r in records for f in r["probe_is_wrong"]]
+    print(f"\nPROBE IS WRONG in {len(wrong)} row(s): " + "; ".join(wrong) if wrong else
+          "\nno kernel or peer figure above the read limit")
     print(f"\nread bandwidth at the end: {bw_end:.1f} GB/s (start {bw:.1f}); CPU-normalised "
           f"{cbw_end:.1f} (start {cbw:.1f}); load average {os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"bandwidth_gbps": bw, "bandwidth_end_gbps": bw_end, "cpu_normalised_bandwidth_gbps": cbw,
+                       "read_methods": limit.table(), "probe_is_wrong": wrong,
                        "isa": isa, "cases": records}, f, indent=1)
     return 0
 

@@ -6,11 +6,15 @@
  * against a ggml build outside this repository and loaded with ctypes; never part of the
  * package.
  *
- * API: peer_new(type, E, H, I, layers, threads, seed) -> handle; peer_tokens(h, T, K) builds
- * the graphs for T tokens; peer_run(h, layer, ids (T*K int32), weights (T*K f32)) -> seconds;
+ * API (shared with ik_moe_peer.c): peer_type_for(format) -> the ggml type this peer runs for one
+ * of "mxfp4", "nvfp4", "mxfp8", "bf16" (-1: none); peer_new(type, E, H, I, layers, threads, seed)
+ * -> handle; peer_tokens(h, T, K) builds the graphs for T tokens; peer_run(h, layer, ids (T*K
+ * int32), weights (T*K f32)) -> seconds; peer_check(h) -> relative L2 error of its output against
+ * a double reference (peer_common.h); peer_describe(h) -> the types and layout it runs;
  * peer_expert_bytes(h) -> bytes of one expert's gate/up + down as ggml stores them.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,6 +23,9 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+
+#define KS_PEER_HAS_NVFP4
+#include "peer_common.h"
 
 #define MAXL 16
 
@@ -29,31 +36,30 @@ typedef struct {
     struct ggml_threadpool *tp;
     struct ggml_context *wctx, *gctx;
     ggml_backend_buffer_t wbuf, gbuf;
-    struct ggml_tensor *gu[MAXL], *dn[MAXL], *x, *ids, *w;
+    struct ggml_tensor *gu[MAXL], *dn[MAXL], *y[MAXL], *x, *ids, *w;
     struct ggml_cgraph *gf[MAXL];
+    ks_check_mat cg, cu, cd;  /* layer 0's first experts as filled (gate, up, down) */
+    int repacked;
     uint64_t rng;
 } peer;
 
-static uint32_t rnd(peer *p) {
-    p->rng ^= p->rng << 13; p->rng ^= p->rng >> 7; p->rng ^= p->rng << 17;
-    return (uint32_t)(p->rng >> 16);
-}
-
-/* Random but well-formed blocks: scales in realistic ranges, codes uniform. */
-static void fill(peer *p, struct ggml_tensor *t) {
+/* Fill t (copying its first experts into *copy as filled, before any repack by the buffer). */
+static void fill(peer *p, struct ggml_tensor *t, ks_check_mat *copy, ks_check_mat *copy2, int64_t row0_2) {
     const size_t n = ggml_nbytes(t);
     uint8_t *h = malloc(n);
-    for (size_t i = 0; i < n; ++i) h[i] = (uint8_t)rnd(p);
-    if (t->type == GGML_TYPE_MXFP4)      /* 17 B: E8M0 scale, 16 B codes */
-        for (size_t b = 0; b < n; b += 17) h[b] = (uint8_t)(118 + rnd(p) % 5);
-    else if (t->type == GGML_TYPE_NVFP4) /* 36 B: 4 UE4M3 scales, 32 B codes */
-        for (size_t b = 0; b < n; b += 36) for (int j = 0; j < 4; ++j) h[b + j] = (uint8_t)(0x30 + rnd(p) % 24);
-    else if (t->type == GGML_TYPE_Q8_0)  /* 34 B: fp16 scale, 32 int8 */
-        for (size_t b = 0; b < n; b += 34) { h[b] = 0x1F; h[b + 1] = 0x21; }
-    else if (t->type == GGML_TYPE_BF16)  /* small normal values */
-        for (size_t i = 0; i < n; i += 2) { uint16_t v = (uint16_t)((rnd(p) & 0x807F) | ((115 + rnd(p) % 8) << 7)); memcpy(h + i, &v, 2); }
+    ks_fill_bytes(&p->rng, t->type, h, n);
+    if (copy) ks_check_copy(copy, h, t, 0);
+    if (copy2) ks_check_copy(copy2, h, t, row0_2);
     ggml_backend_tensor_set(t, h, 0, n);
     free(h);
+}
+
+int peer_type_for(const char *fmt) {
+    if (!strcmp(fmt, "mxfp4")) return GGML_TYPE_MXFP4;
+    if (!strcmp(fmt, "nvfp4")) return GGML_TYPE_NVFP4;
+    if (!strcmp(fmt, "mxfp8")) return GGML_TYPE_Q8_0;  /* the closest 8-bit type */
+    if (!strcmp(fmt, "bf16")) return GGML_TYPE_BF16;
+    return -1;
 }
 
 static ggml_backend_buffer_type_t weight_buft(enum ggml_type type) {
@@ -66,6 +72,15 @@ static ggml_backend_buffer_type_t weight_buft(enum ggml_type type) {
     return ggml_backend_cpu_buffer_type();
 }
 
+static char describe_buf[256];
+
+const char *peer_describe(void *h) {
+    peer *p = h;
+    snprintf(describe_buf, sizeof describe_buf, "ggml %s%s, MUL_MAT_ID gate/up (one %dx%d tensor) + SWIGLU + MUL_MAT_ID down",
+             ggml_type_name(p->type), p->repacked ? " in the CPU_REPACK buffer" : " (plain layout)", p->H, 2 * p->I);
+    return describe_buf;
+}
+
 void *peer_new(int type, int E, int H, int I, int layers, int threads, uint64_t seed) {
     if (layers < 1 || layers > MAXL) return NULL;
     peer *p = calloc(1, sizeof(peer));
@@ -76,10 +91,16 @@ void *peer_new(int type, int E, int H, int I, int layers, int threads, uint64_t 
         p->gu[l] = ggml_new_tensor_3d(p->wctx, p->type, H, 2 * I, E);
         p->dn[l] = ggml_new_tensor_3d(p->wctx, p->type, I, H, E);
     }
-    p->wbuf = ggml_backend_alloc_ctx_tensors_from_buft(p->wctx, weight_buft(p->type));
+    ggml_backend_buffer_type_t buft = weight_buft(p->type);
+    p->repacked = buft != ggml_backend_cpu_buffer_type();
+    p->wbuf = ggml_backend_alloc_ctx_tensors_from_buft(p->wctx, buft);
     if (!p->wbuf) { ggml_free(p->wctx); free(p); return NULL; }
     ggml_backend_buffer_set_usage(p->wbuf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    for (int l = 0; l < layers; ++l) { fill(p, p->gu[l]); fill(p, p->dn[l]); }
+    for (int l = 0; l < layers; ++l) {  /* ggml_swiglu: silu of the first half (gate), times the second (up) */
+        fill(p, p->gu[l], l ? NULL : &p->cg, l ? NULL : &p->cu, I);
+        fill(p, p->dn[l], l ? NULL : &p->cd, NULL, 0);
+    }
+    if (!p->cg.raw || !p->cu.raw || !p->cd.raw) return NULL;
     p->be = ggml_backend_cpu_init();
     struct ggml_threadpool_params tpp = ggml_threadpool_params_default(threads);
     p->tp = ggml_threadpool_new(&tpp);
@@ -102,13 +123,14 @@ int peer_tokens(void *h, int T, int K) {
         struct ggml_tensor *a = ggml_swiglu(p->gctx, gu);                             /* [I, K, T] */
         struct ggml_tensor *dn = ggml_mul_mat_id(p->gctx, p->dn[l], a, p->ids);     /* [H, K, T] */
         struct ggml_tensor *y = ggml_mul(p->gctx, dn, p->w);
+        p->y[l] = y;
         p->gf[l] = ggml_new_graph(p->gctx);
         ggml_build_forward_expand(p->gf[l], y);
     }
     p->gbuf = ggml_backend_alloc_ctx_tensors(p->gctx, p->be);
     if (!p->gbuf) return -1;
     float *xs = malloc(sizeof(float) * (size_t)p->H * T);
-    for (size_t i = 0; i < (size_t)p->H * T; ++i) xs[i] = (float)(rnd(p) % 2001) / 1000.0f - 1.0f;
+    for (size_t i = 0; i < (size_t)p->H * T; ++i) xs[i] = (float)(ks_rnd(&p->rng) % 2001) / 1000.0f - 1.0f;
     ggml_backend_tensor_set(p->x, xs, 0, ggml_nbytes(p->x));
     free(xs);
     return 0;
@@ -126,7 +148,24 @@ double peer_run(void *h, int layer, const int32_t *ids, const float *w) {
     /* Untimed: park the pool. Left polling, its threads would spin on the cores while our kernels
      * run next in the interleaved benchmark (measured: ours 1.7-1.8x slower at 2 threads). */
     ggml_threadpool_pause(p->tp);
-    return (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    return ks_seconds(&a, &b);
+}
+
+double peer_check(void *h) {
+    peer *p = h;
+    const int T = p->T, K = p->K, nt = T < KS_CHECK_TOKENS ? T : KS_CHECK_TOKENS;
+    int32_t *ids = malloc(sizeof(int32_t) * T * K);
+    float *w = malloc(sizeof(float) * T * K), *x = malloc(ggml_nbytes(p->x)), *y = malloc(ggml_nbytes(p->y[0]));
+    ks_check_routing(T, K, ids, w);
+    double err = INFINITY;
+    if (peer_run(h, 0, ids, w) >= 0) {
+        ggml_backend_tensor_get(p->x, x, 0, ggml_nbytes(p->x));
+        ggml_backend_tensor_get(p->y[0], y, 0, ggml_nbytes(p->y[0]));
+        ggml_to_float_t tf = ggml_get_type_traits(p->type)->to_float;
+        err = ks_check_error(&p->cg, &p->cu, &p->cd, tf, tf, p->H, p->I, K, nt, x, w, y);
+    }
+    free(ids); free(w); free(x); free(y);
+    return err;
 }
 
 int64_t peer_expert_bytes(void *h) {

@@ -35,7 +35,7 @@ from pathlib import Path
 ISA_NAMES = ("portable", "avx2", "avx512", "avx512bf16")
 _SRC_DIR = Path(__file__).resolve().parent
 _SOURCES = ("ks_native.h", "ks_kernels.c", "ks_native.c", "ks_pool.c", "ks_fp4_avx2.c", "ks_mxint_avx2.c", "ks_fp8_avx2.c",
-            "ks_block.c")
+            "ks_block.c", "ks_probe.c")
 _COMMON = ["-O3", "-fPIC", "-std=gnu11", "-fno-strict-aliasing", "-fvisibility=default"]
 _X86_FLAGS = {
     0: [],
@@ -73,7 +73,8 @@ def _compiler() -> str | None:
 
 def _objects(x86: bool) -> list[tuple[str, list[str]]]:
     """(source, extra flags) of every object in the library."""
-    objs = [("ks_native.c", []), ("ks_pool.c", []), ("ks_block.c", []), ("ks_kernels.c", ["-DKS_ISA=0"])]
+    objs = [("ks_native.c", []), ("ks_pool.c", []), ("ks_block.c", []), ("ks_probe.c", []),
+            ("ks_kernels.c", ["-DKS_ISA=0"])]
     if x86:
         objs += [("ks_fp4_avx2.c", _X86_FLAGS[1]), ("ks_mxint_avx2.c", _X86_FLAGS[1]), ("ks_fp8_avx2.c", _X86_FLAGS[1]),
                  ("ks_kernels.c", ["-DKS_ISA=1", *_X86_FLAGS[1]]),
@@ -150,6 +151,15 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ks_mxfp8_quantize.argtypes = [vp, c_i64, c_i64, vp, vp]
     lib.ks_read_bandwidth_probe.restype = ctypes.c_double
     lib.ks_read_bandwidth_probe.argtypes = [vp, c_i64, c_int, c_int]
+    lib.ks_probe_read.restype = c_int
+    lib.ks_probe_read.argtypes = [vp, c_i64, c_int, c_int, c_int, c_int, ctypes.POINTER(ctypes.c_uint64),
+                                  ctypes.POINTER(ctypes.c_double)]
+    lib.ks_probe_width_supported.restype = c_int
+    lib.ks_probe_width_supported.argtypes = [c_int]
+    lib.ks_probe_alloc.restype = vp
+    lib.ks_probe_alloc.argtypes = [c_i64, c_int]
+    lib.ks_probe_free.restype = None
+    lib.ks_probe_free.argtypes = [vp]
     lib.ks_repack_matrix.restype = c_int
     lib.ks_repack_matrix.argtypes = [c_int, vp, c_i64, vp, c_i64, c_i64, c_i64, vp, vp, c_i64]
     lib.ks_pool_warm.restype = None
