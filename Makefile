@@ -12,7 +12,7 @@ $(BIN)/kernelslot: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test,triton]'
+	$(BIN)/pip install -q -e '.[test,triton,service]'
 	@touch $@
 
 verify: $(BIN)/kernelslot

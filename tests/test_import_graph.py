@@ -23,6 +23,7 @@ FLOORS = {
     "dispatch": 5, "verify": 5,  # live routing; the referee
     "report": 6, "store": 6,  # what the referee produced, rendered and kept
     "engines": 7,  # engine adapters, e2e qualification
+    "service": 7,  # the admission service: store, Ray workers running `kernelslot verify`, leaderboard
     "cli": 8, "__main__": 9,
 }
 SELF_CONTAINED = ("abi", "formats")  # import nothing of ours but themselves

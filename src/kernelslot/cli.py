@@ -479,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kernelslot.engines.cli import add_parser as add_e2e_parser
 
     add_e2e_parser(sub)
+    from kernelslot.service.cli import add_parser as add_service_parsers
+
+    add_service_parsers(sub)
     return p
 
 
