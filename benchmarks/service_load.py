@@ -30,7 +30,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-JOB = {"dtype": ["float32"], "draws": 0, "time": False, "profile": ["gemma_one_plus_w"]}
+QUICK = {"dtype": ["float32"], "draws": 0, "time": False}
+JOB = {"honest": {**QUICK, "profile": ["gemma_one_plus_w"]},  # honest_norm serves MiniMax-M3 only
+       "broken": {**QUICK, "profile": ["single_token"]}, "malformed": QUICK}
 
 
 def _variant(example: str, n: int, dest: Path) -> Path:
@@ -76,10 +78,11 @@ def main() -> int:
     rng.shuffle(plan)
     for _ in range(n_copies):  # a copy follows its original somewhere later in the stream
         i = rng.randrange(len(plan))
-        kind, data = plan[i]
+        kind, data, *of = plan[i]
+        kind = of[0] if of else kind
         if kind == "malformed":
-            kind, data = next((k, d) for k, d in plan if k != "malformed")
-        plan.insert(rng.randrange(i + 1, len(plan) + 1), ("copy", data))
+            kind, data = next((k, d) for k, d, *_ in plan if k != "malformed")
+        plan.insert(rng.randrange(i + 1, len(plan) + 1), ("copy", data, kind))
 
     store = tmp / "service.db"
     svc = Service(store, num_cpus=os.cpu_count(), cpu_workers=args.workers, max_attempts=3).start()
@@ -91,24 +94,27 @@ def main() -> int:
     killed: list[int] = []
 
     def killer() -> None:
-        for _ in range(args.kill):
-            while not svc._stop.is_set():
-                running = [a for a in svc.store.attempts() if a["outcome"] == "running"]
-                if running:
-                    time.sleep(2.0)
-                    pid = int(running[0]["worker"].rsplit(":", 1)[1])
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(running[0]["submission_id"])
-                    print(f"killed worker {pid} running submission {running[0]['submission_id']}", file=sys.stderr)
-                    time.sleep(10.0)
-                    break
-                time.sleep(0.5)
+        done = 0
+        while done < args.kill and not svc._stop.is_set():
+            time.sleep(3.0)  # into the job
+            running = [a for a in svc.store.attempts() if a["outcome"] == "running"]
+            if not running:
+                continue
+            pid = int(running[0]["worker"].rsplit(":", 1)[1])
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it finished, or was replaced, meanwhile
+                continue
+            done += 1
+            killed.append(running[0]["submission_id"])
+            print(f"killed worker {pid} running submission {running[0]['submission_id']}", file=sys.stderr)
+            time.sleep(10.0)
 
     if args.kill:
         threading.Thread(target=killer, daemon=True).start()
-    for kind, data in plan:
+    for kind, data, *of in plan:
         t = time.perf_counter()
-        row = svc.admit(data, submitter=kind, options=JOB)
+        row = svc.admit(data, submitter=kind, options=JOB[of[0] if of else kind])
         latency[kind].append(time.perf_counter() - t)
         ids.append((row["id"], kind))
     admitted_s = time.perf_counter() - started

@@ -162,7 +162,7 @@ class Service:
             if self.address:
                 ray.init(address=self.address, logging_level=logging.WARNING, log_to_driver=False)
             else:
-                ray.init(num_cpus=self.num_cpus, num_gpus=0 if self.num_cpus else None, include_dashboard=False,
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False,
                          logging_level=logging.WARNING, log_to_driver=False, object_store_memory=256 << 20)
             self.ray_started = True
         requeued = self.store.resume()
