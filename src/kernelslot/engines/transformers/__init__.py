@@ -10,7 +10,7 @@ Two lines run a transformers MoE model on kernelslot kernels::
 """
 from __future__ import annotations
 
-__all__ = ["register", "install", "Installation", "NotVerifiedError", "SLOTS"]
+__all__ = ["register", "install", "Installation", "NotVerifiedError", "NoSiteError", "SLOTS"]
 
 
 def __getattr__(name: str):

@@ -10,19 +10,26 @@ extras the slot does not express (sinks ``s_aux``, ``sliding_window``, ``softcap
 :class:`CallDescriptor`; installed candidates serve the calls inside their domain (through the
 :class:`SlotRouter`, the built-in as incumbent), the built-in the rest. Calls that do not fit
 run transformers' own ``sdpa`` unchanged (counter variant ``model``).
+
+With ``attention.decode`` installed, a fitting single-query call (a decode step, every row of the
+batch at the same cache length) is instead one ``attention.decode`` call for the whole batch: the
+dense cache laid out as a paged one (request b's token t in slot ``b·S + t``, page block
+:data:`DECODE_BLOCK`) with every block selected, which is dense attention over the cache.
 """
 from __future__ import annotations
 
-import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 
 from kernelslot.abi import CallDescriptor
-from kernelslot.engines.transformers.experts import BUILTIN, MODEL_CODE, CallContext, CallCounters
-from kernelslot.slots.base import Candidate, dtype_name
+from kernelslot.engines.transformers.experts import MODEL_CODE, CallContext
+from kernelslot.engines.transformers.sites import SlotState
+from kernelslot.slots.base import dtype_name
 
 SLOT = "attention.sdpa"
+DECODE_SLOT = "attention.decode"
+DECODE_BLOCK = 8  # the page block of the dense-as-paged decode call (a block size attention.decode verifies)
 _UNSUPPORTED = ("s_aux", "sliding_window", "softcap", "position_bias")
 
 
@@ -39,33 +46,16 @@ def fits_sdpa(query: torch.Tensor, key: torch.Tensor, attention_mask: Optional[t
 
 
 class AttentionState:
-    """The router (built-in incumbent, optional candidates) and call counters of one installation."""
+    """The attention slots of one installation: ``sdpa`` and/or ``decode`` (:class:`SlotState`)."""
 
-    def __init__(self, candidates: Sequence[Candidate] = (), context: Optional[CallContext] = None,
-                 verified: Optional[dict] = None, serving: Optional[dict] = None):
-        from kernelslot.dispatch import SlotRouter
-        from kernelslot.slots import get_slot
+    def __init__(self, sdpa: Optional[SlotState] = None, decode: Optional[SlotState] = None,
+                 context: Optional[CallContext] = None):
+        self.sdpa, self.decode = sdpa, decode
+        first = sdpa or decode
+        self.context = first.context if first is not None else (context or CallContext())
 
-        self.router = SlotRouter(get_slot(SLOT), list(candidates), verified=verified, **(serving or {}))
-        self.context = context or CallContext()
-        self.counters: dict[str, CallCounters] = {BUILTIN: CallCounters(), MODEL_CODE: CallCounters()}
-        self._lock = threading.Lock()
-
-    def count(self, variant: str, decode: bool) -> None:
-        with self._lock:
-            r = self.counters.setdefault(variant, CallCounters())
-            r.fired += 1
-            r.fired_decode += int(decode)
-
-    def counter_table(self) -> dict[str, CallCounters]:
-        table = {k: CallCounters(**{**v.__dict__, "errors": list(v.errors)}) for k, v in self.counters.items()}
-        for name, r in self.router.counters.items():
-            if name == "incumbent":
-                table[BUILTIN].completed = r.fallback - sum(x.fallback for n, x in self.router.counters.items()
-                                                            if n != "incumbent")
-            elif name in table:
-                table[name].completed, table[name].fallback, table[name].errors = r.completed, r.fallback, list(r.errors)
-        return table
+    def states(self) -> dict[str, SlotState]:
+        return {s.slot: s for s in (self.sdpa, self.decode) if s is not None}
 
 
 _DEFAULT = None  # serves models that selected the name without install()
@@ -74,32 +64,78 @@ _DEFAULT = None  # serves models that selected the name without install()
 def _default_state() -> AttentionState:
     global _DEFAULT
     if _DEFAULT is None:
-        _DEFAULT = AttentionState()
+        _DEFAULT = AttentionState(SlotState(SLOT))
     return _DEFAULT
+
+
+def _model_sdpa(state: SlotState, module, query, key, value, attention_mask, dropout, scaling, kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    state.count(MODEL_CODE)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def _decode_call(state: SlotState, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float):
+    """One ``attention.decode`` call for a whole single-query batch: the dense cache as a paged one
+    (request b's token t in slot ``b·S + t``) with every block selected, which is exactly dense attention."""
+    b, hq, _, d = query.shape
+    hkv, s = key.shape[1], key.shape[2]
+    kb = -(-s // DECODE_BLOCK)
+    q = query[:, :, 0].contiguous()
+    k_cache = key.transpose(1, 2).reshape(b * s, hkv, d).contiguous()
+    v_cache = value.transpose(1, 2).reshape(b * s, hkv, d).contiguous()
+    table = torch.zeros(b, kb * DECODE_BLOCK, dtype=torch.int32)
+    table[:, :s] = (torch.arange(b, dtype=torch.int32)[:, None] * s + torch.arange(s, dtype=torch.int32))
+    seq_lens = torch.full((b,), s, dtype=torch.int32)
+    pool = torch.arange(b, dtype=torch.int64)
+    topk = torch.arange(kb, dtype=torch.int32).expand(hkv, b, kb).contiguous()
+    out = torch.empty(b, hq, d, dtype=query.dtype, device=query.device)
+    desc = CallDescriptor(model="generic", phase="decode", dtype=dtype_name(query.dtype), num_tokens=b, batch_size=b,
+                          kv_len=kb * DECODE_BLOCK, top_k=kb, block_size=DECODE_BLOCK, num_q_heads=hq,
+                          num_kv_heads=hkv, head_dim=d, layout="paged", quant="dense", arch=query.device.type,
+                          last_dim=d)
+    state.call(desc, q, k_cache, v_cache, table, seq_lens, pool, topk, out, scale, DECODE_BLOCK)
+    return out[:, None], None
 
 
 def kernelslot_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
                                  scaling: Optional[float] = None, **kwargs: Any):
     """Returns ``(attn_output (B, T, Hq, D), None)`` like transformers' attention functions."""
-    state = getattr(module, "_kernelslot_attention", None) or _default_state()
-    decode = state.context.phase == "decode"
-    if not fits_sdpa(query, key, attention_mask, dropout, module, kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        state.count(MODEL_CODE, decode)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+    att = getattr(module, "_kernelslot_attention", None) or _default_state()
+    fits = fits_sdpa(query, key, attention_mask, dropout, module, kwargs) and value.shape[-1] == query.shape[-1]
     b, hq, t, d = query.shape
     scale = scaling if scaling is not None else d ** -0.5
+    if fits and t == 1 and att.decode is not None:
+        return _decode_call(att.decode, query, key, value, scale)
+    state = att.sdpa
+    if not fits or state is None:
+        return _model_sdpa(state or att.decode, module, query, key, value, attention_mask, dropout, scaling, kwargs)
     out = torch.empty(b, t, hq, d, dtype=query.dtype, device=query.device)
     # sdpa's semantics do not depend on the model: its calls are the generic profile's
     desc = CallDescriptor(model="generic", phase=state.context.phase, dtype=dtype_name(query.dtype), num_tokens=t,
                           batch_size=1, kv_len=key.shape[2], num_q_heads=hq, num_kv_heads=key.shape[1], head_dim=d,
                           layout="thd", quant="dense", arch=query.device.type, last_dim=d)
-    name = state.router.route(desc)
     for i in range(b):
-        state.count(BUILTIN if name == "incumbent" else name, decode)
-        state.router(desc, query[i].transpose(0, 1), key[i].transpose(0, 1), value[i].transpose(0, 1), out[i],
-                     scale, t > 1)
+        state.call(desc, query[i].transpose(0, 1), key[i].transpose(0, 1), value[i].transpose(0, 1), out[i],
+                   scale, t > 1)
     return out, None
+
+
+def find_sites(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]] | str:
+    """The attention modules that dispatch through transformers' AttentionInterface, or why none fits."""
+    mods = [(n, m) for n, m in model.named_modules() if hasattr(m, "is_causal") and hasattr(m, "scaling")]
+    if not mods:
+        return "no attention module dispatches through transformers' AttentionInterface"
+    sinks = [n for n, m in mods if isinstance(getattr(m, "sinks", None), torch.Tensor)]
+    if len(sinks) == len(mods):
+        return f"its attention has sinks ({type(mods[0][1]).__name__}.sinks), which the slot does not express"
+    mla = [m for _, m in mods if getattr(m, "v_head_dim", None) not in (None, getattr(m, "qk_head_dim", None))]
+    if len(mla) == len(mods):
+        m = mla[0]
+        return (f"its attention's query/key head dim {m.qk_head_dim} differs from the value head dim {m.v_head_dim} "
+                "(MLA), which the slot does not express")
+    windows = [n for n, m in mods if getattr(m, "sliding_window", None)]
+    if len(windows) == len(mods):
+        return "every attention layer uses a sliding window, which the slot does not express"
+    return mods

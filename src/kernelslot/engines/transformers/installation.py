@@ -35,16 +35,22 @@ import torch
 
 from kernelslot.engines.transformers import attention as attn
 from kernelslot.engines.transformers.experts import SLOT as EXPERTS_SLOT, CallContext, CallCounters, ExpertsState
+from kernelslot.engines.transformers.install_points import (INSTALL_POINTS, NAME, SLOTS, Placed, Plan,
+                                                            experts_modules)
 
-NAME = "kernelslot"
-SLOTS = (EXPERTS_SLOT, attn.SLOT)
 TRUST_MODES = ("sandbox", "in-process")
 AUDIT_FLOOR = 1 / 64  # share of a signature's calls audited beyond the powers of two
 log = logging.getLogger("kernelslot.engines")
 
+__all__ = ["register", "install", "Installation", "NotVerifiedError", "SLOTS", "experts_modules"]
+
 
 class NotVerifiedError(RuntimeError):
     """A bundle without a passing verify receipt for its content hash was asked to be installed."""
+
+
+class NoSiteError(ValueError):
+    """A requested slot has no install site in the model (the message says why)."""
 
 
 def register() -> None:
@@ -65,59 +71,51 @@ def register() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 
-def experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
-    """Every experts module of ``model`` that dispatches through transformers' experts interface."""
-    return [(n, m) for n, m in model.named_modules()
-            if hasattr(m, "gate_up_proj") and hasattr(m, "down_proj") and hasattr(type(m).forward, "__wrapped__")
-            and hasattr(m, "has_gate")]
-
-
 @dataclass
 class Installation:
     """What :func:`install` did; ``counters()`` per slot and variant, ``uninstall()`` undoes it."""
 
     model: torch.nn.Module
     slots: tuple[str, ...]
-    states: dict[str, ExpertsState]
+    placed: dict[str, Placed]
     context: CallContext
-    previous: dict[str, Any]
     bundle_hash: Optional[str] = None
-    attention: Optional[attn.AttentionState] = None
     _hooks: list = field(default_factory=list)
     installed: bool = True
     executor: Any = None  # the sandboxed executor serving the bundle (trust="sandbox")
 
+    @property
+    def states(self) -> dict[str, ExpertsState]:
+        """The experts modules' states, by module name (``moe.fused_experts``)."""
+        p = self.placed.get(EXPERTS_SLOT)
+        return p.experts if p is not None else {}
+
+    def routers(self) -> list:
+        return [st.router for p in self.placed.values() for st in p.states if st.router is not None]
+
     def mismatches(self) -> list:
         """Every audit mismatch so far (dispatch.router.AuditMismatch), in every slot."""
-        routers = [st.router for st in self.states.values() if st.router is not None]
-        routers += [self.attention.router] if self.attention is not None else []
-        return [m for r in routers for c in r.counters.values() for m in c.mismatches]
+        return [m for r in self.routers() for c in r.counters.values() for m in c.mismatches]
 
     def counters(self) -> dict[str, dict[str, dict[str, Any]]]:
         out: dict[str, dict[str, dict[str, Any]]] = {}
-        if EXPERTS_SLOT in self.slots:
+        for slot, p in self.placed.items():
             total: dict[str, CallCounters] = {}
-            for st in self.states.values():
+            for st in p.states:
                 for name, r in st.counter_table().items():
                     total.setdefault(name, CallCounters()).add(r)
-            out[EXPERTS_SLOT] = {k: v.as_dict() for k, v in total.items()}
-        if self.attention is not None:
-            out[attn.SLOT] = {k: v.as_dict() for k, v in self.attention.counter_table().items()}
+            out[slot] = {k: v.as_dict() for k, v in total.items()}
         return out
 
     def uninstall(self) -> None:
-        """Restore the model's previous implementations and drop every prepared state."""
+        """Restore the model's previous modules and implementations and drop every prepared state."""
         if not self.installed:
             return
         for h in self._hooks:
             h.remove()
-        for m in self.model.modules():
-            m.__dict__.pop("_kernelslot_experts", None)
-            m.__dict__.pop("_kernelslot_attention", None)
-        if "experts" in self.previous:
-            self.model.set_experts_implementation(self.previous["experts"])
-        if "attn" in self.previous:
-            self.model.set_attn_implementation(self.previous["attn"])
+        for p in reversed(list(self.placed.values())):
+            for undo in reversed(p.undo):
+                undo()
         if self.executor is not None:
             self.executor.close()
         self.installed = False
@@ -135,19 +133,15 @@ def _phase_hook(context: CallContext):
     return hook
 
 
-def _reprepare_hook(state: ExpertsState):
-    def hook(module, incompatible_keys):
-        state.prepare(module)
-    return hook
-
-
 def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (EXPERTS_SLOT,), *,
             store: Optional[str] = None, trust_unverified: bool = False, weight_format: str = "auto",
             trust: str = "sandbox", audit_floor: float = AUDIT_FLOOR) -> Installation:
     """Install kernelslot's built-ins (or ``bundle``'s candidates) into ``model``.
 
     ``bundle``: a loaded :class:`kernelslot.bundle.Bundle`, a bundle directory, or None (built-ins).
-    ``slots``: which of :data:`SLOTS` to serve. ``store``: the result store holding verify
+    ``slots``: which of :data:`SLOTS` to serve (each through its install point,
+    install_points.py); a slot the model has no site for raises :class:`NoSiteError` saying why.
+    ``store``: the result store holding verify
     receipts (required with a bundle unless ``trust_unverified``). ``weight_format``:
     ``auto`` (MXFP4 when the checkpoint was MXFP4), ``dense`` or ``mxfp4`` (re-quantised
     losslessly; raises if not exact). ``trust``: where a bundle runs, ``"sandbox"`` (a sandboxed
@@ -163,44 +157,36 @@ def install(model: torch.nn.Module, bundle: Any = None, slots: Iterable[str] = (
     register()
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     candidates, bundle_hash, verified = _bundle_candidates(bundle, slots, store, trust_unverified, dtype)
-    serving: dict[str, Any] = {}
+    plan = Plan(slots, CallContext(), candidates, verified, weight_format=weight_format)
+    found = {}
+    for slot, point in INSTALL_POINTS.items():  # find every site before changing anything
+        if slot in slots:
+            sites = point.find(model, plan)
+            if isinstance(sites, str):
+                raise NoSiteError(f"install: {type(model).__name__} has no site for {slot}: {sites}")
+            found[slot] = sites
+            if slot == "moe.block_tkg":  # what the block takes, the points after it skip
+                plan.claimed.update(x for n, *_ in sites for x in (f"{n}.mlp", f"{n}.post_attention_layernorm"))
     executor = None
     if candidates:
-        serving = {"audits": True, "audit_floor": audit_floor}
+        plan.serving = {"audits": True, "audit_floor": audit_floor}
         if trust == "sandbox":
             from kernelslot.isolation.executor import Executor
 
-            executor = serving["executor"] = Executor()
+            executor = plan.serving["executor"] = Executor()
         else:
             log.warning("kernelslot: bundle %s runs in this process (trust='in-process'): it can rewrite the router, "
                         "its audits and the receipts, so neither its verify receipt nor the audits hold", bundle_hash[:12])
-    context = CallContext()
-    modules = experts_modules(model)
-    previous: dict[str, Any] = {}
-    states: dict[str, ExpertsState] = {}
-    hooks = []
-    if EXPERTS_SLOT in slots:
-        if not modules:
-            raise ValueError(f"install: {type(model).__name__} has no experts module using transformers' experts "
-                             "interface; nothing to serve for moe.fused_experts")
-        for name, m in modules:
-            st = ExpertsState(m, candidates.get(EXPERTS_SLOT, ()), context=context, weight_format=weight_format,
-                              verified=verified.get(EXPERTS_SLOT), serving=serving)
-            m._kernelslot_experts = st
-            states[name] = st
-            hooks.append(m.register_load_state_dict_post_hook(_reprepare_hook(st)))
-        previous["experts"] = model.config._experts_implementation
-        model.set_experts_implementation(NAME)
-    handle = Installation(model, slots, states, context, previous, bundle_hash, _hooks=hooks, executor=executor)
-    if attn.SLOT in slots:
-        handle.attention = attn.AttentionState(candidates.get(attn.SLOT, ()), context, verified=verified.get(attn.SLOT),
-                                               serving=serving)
-        for m in model.modules():
-            if hasattr(m, "is_causal"):  # the attention modules: they read the state in the call
-                m._kernelslot_attention = handle.attention
-        previous["attn"] = model.config._attn_implementation
-        model.set_attn_implementation(NAME)
-    hooks.append(model.register_forward_pre_hook(_phase_hook(context), with_kwargs=True))
+    placed: dict[str, Placed] = {}
+    handle = Installation(model, slots, placed, plan.context, bundle_hash, executor=executor)
+    try:
+        for slot, point in INSTALL_POINTS.items():
+            if slot in found:
+                placed[slot] = point.place(model, found[slot], plan)
+    except BaseException:
+        handle.uninstall()
+        raise
+    handle._hooks.append(model.register_forward_pre_hook(_phase_hook(plan.context), with_kwargs=True))
     return handle
 
 
