@@ -209,7 +209,7 @@ class BlockSite(torch.nn.Module):
         desc = CallDescriptor(model=self.profile, phase=self._state.context.phase, dtype=dtype_name(x.dtype),
                               num_tokens=x2.shape[0],
                               top_k=cfg.top_k, hidden_size=h, intermediate_size=w.intermediate_size,
-                              num_experts=cfg.num_experts, quant="dense", arch=x.device.type, last_dim=h)
+                              num_experts=cfg.num_experts, quant="dense", arch=x.device.type, last_dim=h, world_size=1)
         self._state.call(desc, x2, None, self.routed, self.eps, out, None, None)
         out = out.reshape(x.shape)
         return (out, None) if self._tuple else out
