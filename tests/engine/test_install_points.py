@@ -65,7 +65,7 @@ def test_a_class_without_a_site_says_why(model: str, slot: str, why: str) -> Non
 
 
 def test_block_tkg_serves_every_supported_class_and_uninstall_restores() -> None:
-    for name in ("qwen3-moe", "minimax-m3", "gpt-oss"):
+    for name in ("qwen3-moe", "minimax-m3", "gpt-oss", "olmoe"):
         m = build_model(name)
         ids = prompts(m.config.vocab_size, 2, 5)
         ref = run_trace(m, ids, 2).logits
@@ -75,6 +75,17 @@ def test_block_tkg_serves_every_supported_class_and_uninstall_restores() -> None
         h.uninstall()
         assert float((got - ref).abs().max()) < 1e-5, name
         assert torch.equal(run_trace(m, ids, 2).logits, ref)
+
+
+def test_block_descriptor_names_the_profile_whose_semantics_the_layer_has() -> None:
+    want = {"qwen3-moe": "qwen3-moe", "mixtral": "qwen3-moe", "minimax-m3": "MiniMax-M3", "gpt-oss": "gpt-oss",
+            "olmoe": "generic"}
+    for name, profile in want.items():
+        m = build_model(name)
+        h = install(m, slots=("moe.block_tkg",))
+        sites = {type(x).__name__: x for x in m.modules()}
+        assert sites["BlockSite"].profile == profile, name
+        h.uninstall()
 
 
 def test_honest_example_outside_its_domain_is_not_run_not_pass() -> None:

@@ -39,7 +39,8 @@ def _is_silu(fn) -> bool:
 
 
 def _descriptor(state, x2: torch.Tensor) -> CallDescriptor:
-    return CallDescriptor(phase=state.context.phase, dtype=dtype_name(x2.dtype), num_tokens=x2.shape[0],
+    # silu_and_mul's semantics do not depend on the model: its calls are the generic profile's
+    return CallDescriptor(model="generic", phase=state.context.phase, dtype=dtype_name(x2.dtype), num_tokens=x2.shape[0],
                           hidden_size=x2.shape[-1] // 2, arch=x2.device.type, last_dim=x2.shape[-1])
 
 

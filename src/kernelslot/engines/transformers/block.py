@@ -130,7 +130,7 @@ def _eps(norm: torch.nn.Module) -> float:
 
 
 def probe_mode(norm: torch.nn.Module, mlp: torch.nn.Module):
-    """The ``(router mode, norm_topk_prob, returns a tuple)`` whose slot reference reproduces ``mlp(norm(x))`` in fp64,
+    """``([(router mode, norm_topk_prob), ...], returns a tuple)``: every mode whose slot reference reproduces ``mlp(norm(x))`` in fp64,
     or a string saying why none does."""
     from kernelslot.slots.moe_block import moe_block_reference
 
@@ -145,7 +145,7 @@ def probe_mode(norm: torch.nn.Module, mlp: torch.nn.Module):
         got = m64(n64(x))
         tup = isinstance(got, tuple)
         got = (got[0] if tup else got).reshape(16, h)
-    worst = None
+    worst, found = None, []
     for mode, norm_topk in itertools.product(_ROUTER_MODES, (True, False)):
         layer = build_layer(n64, m64, mode, norm_topk)
         if isinstance(layer, str):
@@ -153,18 +153,51 @@ def probe_mode(norm: torch.nn.Module, mlp: torch.nn.Module):
         want = moe_block_reference(x[0], None, layer, _eps(norm))["out"].double()
         rel = float((want - got).norm() / got.norm().clamp(min=1e-30))
         if rel < _PROBE_REL:
-            return mode, norm_topk, tup
+            found.append((mode, norm_topk))
         worst = rel if worst is None else min(worst, rel)
+    if found:  # several can be the same block (softmax over all then renormalised = softmax over the K)
+        return found, tup
     return (f"its router and combine match no routing the slot expresses (softmax / sigmoid over all experts, "
             f"or top-K then softmax; renormalised or not): closest relative error {worst:.2g}")
+
+
+def semantic_profile(layer, gemma: bool) -> Optional[str]:
+    """The model profile (slots/models.py) whose block semantics the layer has, or None: router
+    kind, renormalisation, routed scaling, expert activation, (1 + w) norm, shared expert and
+    correction bias all as the profile states them. A candidate bound to a profile serves only
+    layers with that profile's semantics (what the referee verified it on)."""
+    from kernelslot.slots.models import MODELS
+
+    cfg = layer.config
+    router = {("softmax", True): "softmax", ("sigmoid", True): "sigmoid", ("softmax", False): "topk_softmax"}.get(
+        (cfg.router_activation, cfg.router_pre_norm))
+    for m in MODELS.values():
+        if (m.router == router and m.norm_topk_prob == cfg.norm_topk_prob
+                and m.routed_scaling_factor == cfg.routed_scaling_factor and m.activation == cfg.activation
+                and m.gemma_norm == gemma and m.shared_expert == (layer.shared is not None)
+                and m.correction_bias == (layer.correction_bias is not None)):
+            return m.name
+    return None
+
+
+def choose_layer(norm: torch.nn.Module, mlp: torch.nn.Module, modes: list):
+    """The layer view in the first matching mode that names a model profile (else the first mode)."""
+    from kernelslot.engines.transformers.norm import probe_rmsnorm
+
+    gemma = probe_rmsnorm(norm) == "gemma"
+    views = [build_layer(norm, mlp, mode, norm_topk) for mode, norm_topk in modes]
+    return next((v for v in views if semantic_profile(v, gemma) is not None), views[0])
 
 
 class BlockSite(torch.nn.Module):
     """Stands in for one sparse MoE block (the norm before it is a :class:`_PassThrough`)."""
 
     def __init__(self, original: torch.nn.Module, norm: torch.nn.Module, layer, state, returns_tuple: bool):
+        from kernelslot.engines.transformers.norm import probe_rmsnorm
+
         super().__init__()
         self.original, self.eps, self.layer = original, _eps(norm), layer
+        self.profile = semantic_profile(layer, probe_rmsnorm(norm) == "gemma")
         self._state, self._tuple = state, returns_tuple
         self.routed = state.prepare("moe_block", layer)
 
@@ -173,16 +206,17 @@ class BlockSite(torch.nn.Module):
         x2 = x.reshape(-1, h).contiguous()
         out = torch.empty_like(x2)
         cfg, w = self.layer.config, self.layer.experts
-        desc = CallDescriptor(phase=self._state.context.phase, dtype=dtype_name(x.dtype), num_tokens=x2.shape[0],
+        desc = CallDescriptor(model=self.profile, phase=self._state.context.phase, dtype=dtype_name(x.dtype),
+                              num_tokens=x2.shape[0],
                               top_k=cfg.top_k, hidden_size=h, intermediate_size=w.intermediate_size,
-                              num_experts=cfg.num_experts, quant="dense", arch=x.device.type, last_dim=h)
+                              num_experts=cfg.num_experts, quant="dense", arch=x.device.type, last_dim=h, world_size=1)
         self._state.call(desc, x2, None, self.routed, self.eps, out, None, None)
         out = out.reshape(x.shape)
         return (out, None) if self._tuple else out
 
 
 def find_sites(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module, Any]] | str:
-    """``(layer name, decoder layer, (router mode, norm_topk, returns a tuple))`` of every block site, or why none."""
+    """``(layer name, decoder layer, (matching modes, returns a tuple))`` of every block site, or why none."""
     layers = [(n, m) for n, m in model.named_modules()
               if isinstance(getattr(m, "post_attention_layernorm", None), torch.nn.Module)
               and _router(getattr(m, "mlp", None) or torch.nn.Module()) is not None]

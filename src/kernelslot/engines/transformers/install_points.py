@@ -84,9 +84,9 @@ def _block_find(model, plan):
 def _block_place(model, sites, plan) -> Placed:
     st = plan.state(block_point.SLOT)
     placed = Placed(block_point.SLOT, [st])
-    for name, layer, (mode, norm_topk, tup) in sites:
+    for name, layer, (modes, tup) in sites:
         norm, mlp = layer.post_attention_layernorm, layer.mlp
-        view = block_point.build_layer(norm, mlp, mode, norm_topk)
+        view = block_point.choose_layer(norm, mlp, modes)
         placed.undo.append(_swap(model, f"{name}.mlp" if name else "mlp",
                                  block_point.BlockSite(mlp, norm, view, st, tup)))
         placed.undo.append(_swap(model, f"{name}.post_attention_layernorm" if name else "post_attention_layernorm",

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import torch
 
-MODEL_CLASSES = ("qwen3-moe", "mixtral", "deepseek-v3", "minimax-m3", "gpt-oss")
+MODEL_CLASSES = ("qwen3-moe", "mixtral", "deepseek-v3", "minimax-m3", "gpt-oss", "olmoe")
 _BASE = dict(hidden=64, inter=32, experts=8, top_k=2, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=96)
 
 
@@ -71,9 +71,21 @@ def _gpt_oss(s: dict) -> Any:
     return GptOssForCausalLM, cfg
 
 
+def _olmoe(s: dict) -> Any:
+    """OLMoE: softmax over all experts, top-K, no renormalisation, SiLU, no shared expert — the
+    ``generic`` profile's MoE block (the one class here whose block is generic)."""
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+
+    cfg = OlmoeConfig(hidden_size=s["hidden"], intermediate_size=s["inter"], num_experts=s["experts"],
+                      num_experts_per_tok=s["top_k"], norm_topk_prob=False, num_hidden_layers=s["layers"],
+                      num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"], vocab_size=s["vocab"],
+                      tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return OlmoeForCausalLM, cfg
+
+
 BUILDERS: dict[str, Callable[[dict], Any]] = {
     "qwen3-moe": _qwen3_moe, "mixtral": _mixtral, "deepseek-v3": _deepseek_v3,
-    "minimax-m3": _minimax_m3, "gpt-oss": _gpt_oss,
+    "minimax-m3": _minimax_m3, "gpt-oss": _gpt_oss, "olmoe": _olmoe,
 }
 
 
