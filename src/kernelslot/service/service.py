@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelslot.service.archive import ArchiveError, Limits, unpack
-from kernelslot.service.store import ServiceStore, StoreConflict
+from kernelslot.service.store import ServiceStore, StoreConflict, follower_outcome
 
 __all__ = ["Service", "Needs", "needs_of", "feasible", "DEFAULT_STORE"]
 
@@ -133,8 +133,6 @@ class Service:
                 self.store.add_blob(conn, digest, data)
                 sid = self.store.insert_submission(conn, state="queued", **common)
             elif first["state"] == "done":
-                from kernelslot.service.store import follower_outcome
-
                 sid = self.store.insert_submission(conn, state="done", first_id=first["id"], finished=time.time(),
                                                    **follower_outcome(first["id"], first["status"], first["reason"],
                                                                       first["exit_code"]), **common)
@@ -292,7 +290,6 @@ class Service:
                 self._lost(job, "worker lost", _first(exc))
                 continue
             except RayTaskError as exc:  # the job raised inside a live worker: a referee error, not the bundle's
-                self._release(job)
                 self._lost(job, "worker lost", f"the job raised: {_first(exc)}", replace=False)
                 continue
             self._release(job)
@@ -312,9 +309,8 @@ class Service:
             p.busy = None
 
     def _lost(self, job: _Running, outcome: str, message: str, replace: bool = True) -> None:
+        self._release(job)
         if replace:
-            for p in job.reserved:
-                p.busy = None
             self._replace(job.worker)
         requeued = self.store.lose_attempt(job.sid, job.aid, outcome, message, self.max_attempts)
         log.warning("kernelslot serve: submission %d: %s (%s)%s", job.sid, outcome, message,

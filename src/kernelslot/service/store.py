@@ -33,9 +33,7 @@ from typing import Any, Iterator
 
 import sqlalchemy as sa
 
-__all__ = ["ServiceStore", "metadata", "store_url", "FINAL", "StoreConflict"]
-
-FINAL = ("pass", "fail", "not run", "invalid")
+__all__ = ["ServiceStore", "metadata", "store_url", "follower_outcome", "StoreConflict"]
 
 metadata = sa.MetaData()
 
@@ -192,8 +190,7 @@ class ServiceStore:
             row = conn.execute(sa.select(submissions).where(submissions.c.id == sid)).first()
         return _row(row) if row else None
 
-    def submissions(self, state: str | None = None, after: int = 0, limit: int | None = None,
-                    done_after: int | None = None) -> list[dict]:
+    def submissions(self, state: str | None = None, after: int = 0, limit: int | None = None) -> list[dict]:
         q = sa.select(submissions).where(submissions.c.id > after).order_by(submissions.c.id)
         if state:
             q = q.where(submissions.c.state == state)
