@@ -156,9 +156,14 @@ def _qualified_counters(counters: dict[str, Any], variants: list[str]) -> tuple[
 
 def run_e2e(model_name: str, dtype: str = "float32", *, bundle: Any = None, store: Optional[str] = None,
             trust_unverified: bool = False, prompts: int = 4, prompt_len: int = 8, steps: int = 8, seed: int = 0,
-            entropy: float = 1.0, sizes: Optional[dict] = None, slots: tuple[str, ...] = ("moe.fused_experts",)
-            ) -> E2EReport:
-    """Qualify the built-ins (``bundle=None``) or ``bundle`` on ``model_name`` in ``dtype``."""
+            entropy: float = 1.0, sizes: Optional[dict] = None, slots: tuple[str, ...] = ("moe.fused_experts",),
+            trust: str = "sandbox") -> E2EReport:
+    """Qualify the built-ins (``bundle=None``) or ``bundle`` on ``model_name`` in ``dtype``.
+
+    ``trust`` is :func:`~kernelslot.engines.transformers.install`'s: the bundle is served from the
+    sandboxed executor, so none of its code runs in this process, which holds the pristine runs,
+    the statistics, the gate and the counters. ``"in-process"`` exists only to show what that
+    buys (tests/engine/test_e2e_trust.py); no verdict made with it holds, and the CLI never uses it."""
     from kernelslot.engines.transformers import install
 
     dt = DTYPES[dtype]
@@ -176,7 +181,8 @@ def run_e2e(model_name: str, dtype: str = "float32", *, bundle: Any = None, stor
     pristine = run_trace(pristine_model, ids, steps)
     measured_entropy = _entropy(pristine.logits)
     cand_model = variant("eager", dt)
-    handle = install(cand_model, bundle=bundle, slots=slots, store=store, trust_unverified=trust_unverified)
+    handle = install(cand_model, bundle=bundle, slots=slots, store=store, trust_unverified=trust_unverified,
+                     trust=trust)
     cand = run_trace(cand_model, ids, steps, forced=pristine.tokens)
     counters = handle.counters()
     handle.uninstall()
