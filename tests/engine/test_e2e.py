@@ -86,3 +86,34 @@ def test_cli_runs_the_referee_first_and_qualifies_only_what_passed(name: str, tm
     assert passing_slots(store, load_bundle(BUNDLES / "honest_experts").content_hash) == {"moe.fused_experts"}
     assert main(["e2e", str(BUNDLES / "honest_experts"), "--model", name, "--store", store, "--dtype", "bfloat16",
                  "--steps", "2"]) == 0
+
+
+def test_the_floor_holds_each_slot_region_in_fp32_and_nothing_else() -> None:
+    """The honest-precision floor: the model in bf16 with only the slot's region (its install point's
+    modules) computed in fp32, one cast at its end."""
+    from kernelslot.engines.e2e import _Fp32Twin, _fp32_region
+
+    master = build_model("gpt-oss")
+    m = _fp32_region(master, torch.bfloat16, "moe.block_tkg")
+    twins = {n: t for n, t in m.named_modules() if isinstance(t, _Fp32Twin)}
+    assert sorted(twins) == ["model.layers.0.mlp", "model.layers.0.post_attention_layernorm",
+                             "model.layers.1.mlp", "model.layers.1.post_attention_layernorm"]
+    assert all(p.dtype == torch.float32 for t in twins.values() for p in t.twin.parameters())
+    assert m.model.layers[0].self_attn.q_proj.weight.dtype == torch.bfloat16  # outside the region: bf16
+    assert not twins["model.layers.0.post_attention_layernorm"].cast_back and twins["model.layers.0.mlp"].cast_back
+    x = torch.randn(1, 3, master.config.hidden_size, dtype=torch.bfloat16)
+    with torch.no_grad():
+        h = m.model.layers[0].post_attention_layernorm(x)
+        out = m.model.layers[0].mlp(h)
+    assert h.dtype == torch.float32 and (out[0] if isinstance(out, tuple) else out).dtype == torch.bfloat16
+    assert _fp32_region(master, torch.bfloat16, "attention.sdpa") is None  # no module region: no such floor
+
+
+@pytest.mark.slow
+def test_builtin_block_passes_bf16_where_routing_is_near_a_tie() -> None:
+    """GPT-OSS seed 0 in bf16: the built-in block (h in fp32 into the router, as the slot says) lands on
+    the other side of a routing near-tie from pristine (mean KL 4.9e-3, 10x the fp32-compute floor);
+    the block region computed in fp32 lands there too, so the floor reads it and the gate passes."""
+    r = run_e2e("gpt-oss", "bfloat16", slots=("moe.block_tkg",), prompts=4, prompt_len=8, steps=4)
+    assert r.passed, r.reasons
+    assert "moe.block_tkg region fp32" in r.extra["floor_kl"]

@@ -198,7 +198,7 @@ def run_e2e(model_name: str, dtype: str = "float32", *, bundle: Any = None, stor
         if flips:
             reasons.append(f"{flips} argmax flip(s) with a margin > {GATE['flip_margin'][dtype]}")
     else:
-        stock = _stock_traces(master, dt, ids, steps, pristine)
+        stock = _stock_traces(master, dt, ids, steps, pristine, slots)
         ref = run_trace(variant("eager", dt).float(), ids, steps, pristine.tokens).logits  # same (rounded) weights
         floors = {k: kl_stats(pristine.logits, v)["mean"] for k, v in stock.items()}
         kl_cand_fp32 = kl_stats(ref, cand.logits)
@@ -227,21 +227,58 @@ def run_e2e(model_name: str, dtype: str = "float32", *, bundle: Any = None, stor
 
 
 def _stock_traces(master: torch.nn.Module, dt: torch.dtype, ids: torch.Tensor, steps: int,
-                  pristine: Trace) -> dict[str, torch.Tensor]:
+                  pristine: Trace, slots: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     """Teacher-forced logits of the model's other stock implementations in ``dt``: transformers'
-    batched_mm and grouped_mm experts and, where the model runs both, eager attention instead
-    of sdpa."""
+    batched_mm and grouped_mm experts, each of ``slots``' regions computed in fp32 (its install
+    point's ``region``) and, where the model runs both, eager attention instead of sdpa."""
     out = {}
     for impl in ("batched_mm", "grouped_mm"):
         m = copy.deepcopy(master).to(dt)
         m.set_experts_implementation(impl)
         out[f"experts {impl}"] = run_trace(m, ids, steps, pristine.tokens).logits
+    for slot in slots:
+        region = _fp32_region(master, dt, slot)
+        if region is not None:
+            out[f"{slot} region fp32"] = run_trace(region, ids, steps, pristine.tokens).logits
     if master.config._attn_implementation != "eager":
         m = copy.deepcopy(master).to(dt)
         m.set_experts_implementation("eager")
         m.set_attn_implementation("eager")
         out["attention eager"] = run_trace(m, ids, steps, pristine.tokens).logits
     return out
+
+
+class _Fp32Twin(torch.nn.Module):
+    """A module computed in fp32 on fp32 copies of its floating inputs; ``cast_back``: its floating
+    outputs are rounded to ``dtype`` (the single final cast of an fp32-accumulating kernel)."""
+
+    def __init__(self, module: torch.nn.Module, dtype: torch.dtype, cast_back: bool):
+        super().__init__()
+        self.twin, self.dtype, self.cast_back = copy.deepcopy(module).float(), dtype, cast_back
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        up = lambda v: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
+        out = self.twin(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
+        if not self.cast_back:
+            return out
+        down = lambda v: v.to(self.dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v  # noqa: E731
+        return tuple(map(down, out)) if isinstance(out, tuple) else down(out)
+
+
+def _fp32_region(master: torch.nn.Module, dt: torch.dtype, slot: str) -> Optional[torch.nn.Module]:
+    """The model in ``dt`` with ``slot``'s region (the modules its install point takes over) in fp32,
+    or None when the point has no module region or the model no site for it."""
+    from kernelslot.engines.transformers.install_points import INSTALL_POINTS
+
+    point = INSTALL_POINTS.get(slot)
+    m = copy.deepcopy(master).to(dt)
+    m.set_experts_implementation("eager")
+    names = point.region(m) if point is not None and point.region is not None else []
+    for name, cast_back in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = m.get_submodule(parent_name) if parent_name else m
+        setattr(parent, child, _Fp32Twin(getattr(parent, child), dt, cast_back))
+    return m if names else None
 
 
 def _qualified_variants(counters: dict[str, Any], from_bundle: bool) -> list[str]:

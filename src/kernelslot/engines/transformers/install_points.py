@@ -66,6 +66,10 @@ class InstallPoint:
     find: Callable[[torch.nn.Module, Plan], Any]  # sites, or a string: why the model has none
     place: Callable[[torch.nn.Module, Any, Plan], Placed]
     how: str  # one line for docs and `kernelslot e2e`: what the point replaces
+    # The modules whose computation the slot takes over, as ``(name, casts back)``: e2e's floor runs
+    # them in fp32 (an honest fp32-accumulating kernel's precision; ``casts back``: the region's
+    # output is rounded to the model's dtype there). None: the point has no such module region.
+    region: Optional[Callable[[torch.nn.Module], list[tuple[str, bool]]]] = None
 
 
 def _swap(model: torch.nn.Module, name: str, new: torch.nn.Module) -> Callable[[], None]:
@@ -79,6 +83,13 @@ def _swap(model: torch.nn.Module, name: str, new: torch.nn.Module) -> Callable[[
 # -- moe.block_tkg -----------------------------------------------------------------------------
 def _block_find(model, plan):
     return block_point.find_sites(model)
+
+
+def _block_region(model) -> list[tuple[str, bool]]:
+    sites = block_point.find_sites(model)  # h = norm(x) stays fp32 into the router and experts
+    return [] if isinstance(sites, str) else [
+        r for name, _, _ in sites for r in ((f"{name}.post_attention_layernorm".lstrip("."), False),
+                                            (f"{name}.mlp".lstrip("."), True))]
 
 
 def _block_place(model, sites, plan) -> Placed:
@@ -106,6 +117,10 @@ def experts_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]
 def _experts_find(model, plan):
     mods = [(n, m) for n, m in experts_modules(model) if not any(n.startswith(c + ".") for c in plan.claimed)]
     return mods or "no experts module dispatches through transformers' experts interface"
+
+
+def _experts_region(model) -> list[tuple[str, bool]]:
+    return [(n, True) for n, _ in experts_modules(model)]
 
 
 def _reprepare_hook(state: ExpertsState):
@@ -158,6 +173,11 @@ def _norm_find(model, plan):
     return norm_point.find_sites(model, plan.claimed)
 
 
+def _norm_region(model) -> list[tuple[str, bool]]:
+    sites = norm_point.find_sites(model, set())
+    return [] if isinstance(sites, str) else [(n, True) for n, _, _ in sites]
+
+
 def _norm_place(model, sites, plan) -> Placed:
     st = plan.state(norm_point.SLOT)
     placed = Placed(norm_point.SLOT, [st])
@@ -190,14 +210,15 @@ def _act_place(model, sites, plan) -> Placed:
 
 INSTALL_POINTS: dict[str, InstallPoint] = {p.slot: p for p in (
     InstallPoint(block_point.SLOT, _block_find, _block_place,
-                 "a decoder layer's post-attention RMSNorm + sparse MoE block (module replacement)"),
+                 "a decoder layer's post-attention RMSNorm + sparse MoE block (module replacement)", _block_region),
     InstallPoint(EXPERTS_SLOT, _experts_find, _experts_place,
-                 "transformers' ExpertsInterface (experts_implementation='kernelslot')"),
+                 "transformers' ExpertsInterface (experts_implementation='kernelslot')", _experts_region),
     InstallPoint(attn.SLOT, _attention_find, _attention_place(attn.SLOT),
                  "transformers' AttentionInterface: prefill and decode calls that fit"),
     InstallPoint(attn.DECODE_SLOT, _attention_find, _attention_place(attn.DECODE_SLOT),
                  "transformers' AttentionInterface: single-query decode calls (dense cache as paged)"),
-    InstallPoint(norm_point.SLOT, _norm_find, _norm_place, "every RMSNorm module (module replacement)"),
+    InstallPoint(norm_point.SLOT, _norm_find, _norm_place, "every RMSNorm module (module replacement)",
+                 _norm_region),
     InstallPoint(act_point.SLOT, _act_find, _act_place,
                  "gated MLPs (module replacement) and SiLU experts' _apply_gate"),
 )}
