@@ -304,3 +304,20 @@ def test_ftz_hidden_from_the_in_worker_snapshot_is_read_from_outside(runner):
     assert "own snapshot reported no change" in got.message
     defn = get_slot("norm.rmsnorm")
     assert verify_slot(defn, Candidate(defn.incumbent), ONE_PROFILE, runner=runner).passed  # the next worker is clean
+
+
+def test_closing_a_runner_releases_the_read_only_descriptors_it_made():
+    """Each read-only share holds a descriptor of its own, which keeps the shared memory alive: a
+    closed runner (an uninstalled bundle's executor) must give every one back."""
+    import os
+
+    from kernelslot.isolation.worker import WorkerRunner
+
+    runner = WorkerRunner()
+    runner.share(torch.zeros(1 << 16), read_only=True)
+    fds = [s.fd for s in runner._shared.values() if s.owns_fd]
+    assert fds
+    runner.close()
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)

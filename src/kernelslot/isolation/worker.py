@@ -146,7 +146,7 @@ class WorkerRunner(Runner):
         self._live: list[WorkerProcess] = []
         self._zygotes: list[Zygote] = []
         self._finalizer = weakref.finalize(self, WorkerRunner._cleanup, self._live, self._zygotes,
-                                           (self._log_dir, self._scratch))
+                                           (self._log_dir, self._scratch), self._shared)
 
     # -- public API ------------------------------------------------------------------------------
     def share(self, obj: Any, *, read_only: bool = False) -> Any:
@@ -344,10 +344,14 @@ class WorkerRunner(Runner):
 
     # -- workers ---------------------------------------------------------------------------------
     @staticmethod
-    def _cleanup(live: list, zygotes: list, dirs: tuple) -> None:
+    def _cleanup(live: list, zygotes: list, dirs: tuple, shared: dict) -> None:
         for proc in live:
             proc.kill()
         live.clear()
+        for entry in shared.values():  # the read-only descriptors are ours: each keeps its memory alive
+            if entry.owns_fd:
+                os.close(entry.fd)
+        shared.clear()
         for z in zygotes:
             z.close()
         zygotes.clear()
