@@ -505,3 +505,65 @@ def test_avx2_integer_mx_path_is_exact_and_independent_of_batch():
         alone = torch.zeros(T, H)
         expert_mlp_native(x[:T], ids[:T], wts[:T], prep, ACTS["swigluoai"], True, True, alone, isa="avx2")
         assert torch.equal(alone, outs["avx2"][:T])
+
+
+AVX512_ISAS = [isa for isa in ("avx512", "avx512bf16") if isa in ISAS]
+
+
+@pytest.mark.skipif(not AVX512_ISAS, reason="needs AVX-512 F/BW/VL/DQ (this CPU lacks it)")
+@pytest.mark.parametrize("subnormals", (True, False))
+@pytest.mark.parametrize("fmt", ("mxfp8", "fp8_row"))
+def test_avx512_fp8_decode_is_exact_for_every_code(fmt, subnormals):
+    """AVX-512 decodes E4M3 through fp16 (value·2^-8; subnormal codes become fp16 subnormals,
+    which vcvtph2ps makes normal fp32): every code, fused (T <= 5) and decode-once (T > 5),
+    gives the portable kernel's numbers up to fp32 summation order and the float64
+    reference's."""
+    gen = torch.Generator().manual_seed(15)
+    w, gu, dn = _random_code_experts(fmt, gen, subnormals)
+    prep = prepare_native_experts(w)
+    act = ExpertActivation("gelu")
+    for quant in ((False, True) if fmt == "mxfp8" else (False,)):
+        for T in (1, 2, 7):
+            x = torch.randn(T, H, generator=gen)
+            ids, wts = torch.tensor([[0, 2, 4]] * T), torch.ones(T, K)
+            outs = {}
+            for isa in ("portable", *AVX512_ISAS):
+                outs[isa] = torch.zeros(T, H)
+                expert_mlp_native(x, ids, wts, prep, act, True, quant, outs[isa], isa=isa)
+            ref = _reference(x, ids, wts, w, gu, dn, act, True, quant)
+            p = outs["portable"].double()
+            for isa in AVX512_ISAS:
+                a = outs[isa].double()
+                assert torch.isfinite(a).all()
+                assert ((a - p).norm() / p.norm()).item() < 1e-5, (fmt, isa, quant, T)
+                assert ((a - ref).norm() / ref.norm()).item() < (2e-3 if quant else 1e-5), (fmt, isa, quant, T)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not AVX512_ISAS, reason="needs AVX-512 F/BW/VL/DQ (this CPU lacks it)")
+def test_avx512_fp8_subnormal_codes_cost_no_assist():
+    """Random E4M3 codes (1/16 subnormal) cost about what codes without subnormals do on
+    AVX-512: the fp32 bit trick made them fp32 denormals, 20x slower on Intel (microcode
+    assists; docs/native.md).  Thread CPU time, minimum of 15 calls, one hot expert."""
+    import time
+    n = 1024
+    gen = torch.Generator().manual_seed(16)
+    times = {}
+    for subnormals in (True, False):
+        u = torch.randint(0, 256, (1, 2 * n, n), generator=gen, dtype=torch.int32).to(torch.uint8)
+        d = torch.randint(0, 256, (1, n, n), generator=gen, dtype=torch.int32).to(torch.uint8)
+        if not subnormals:
+            u = torch.where((u & 0x78) == 0, u | 0x08, u)
+            d = torch.where((d & 0x78) == 0, d | 0x08, d)
+        w = ExpertWeights("mxfp8", u, d, torch.full((1, 2 * n, n // 32), 118, dtype=torch.uint8),
+                          torch.full((1, n, n // 32), 118, dtype=torch.uint8))
+        prep = prepare_native_experts(w)
+        x, out = torch.randn(1, n, generator=gen), torch.zeros(1, n)
+        ids, wts = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, 1)
+        ts = []
+        for _ in range(15):
+            t = time.thread_time()
+            expert_mlp_native(x, ids, wts, prep, ACTS["silu"], True, True, out, num_threads=1, isa=AVX512_ISAS[-1])
+            ts.append(time.thread_time() - t)
+        times[subnormals] = min(ts)
+    assert times[True] < 3 * times[False], times

@@ -12,7 +12,9 @@
 float ks_e4m3_lut[256];
 float ks_e8m0_lut[256];
 float ks_e8m0_p120_lut[256];
+float ks_e8m0_p8_lut[256];
 uint8_t ks_fp4_bf16[2][256][32];
+float ks_fp4_f32[2][256][16] __attribute__((aligned(64)));
 const float ks_e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
@@ -36,6 +38,7 @@ __attribute__((constructor)) static void ks_init_tables(void) {
         ks_e4m3_lut[b] = (b & 0x80) ? -v : v;
         ks_e8m0_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 127);
         ks_e8m0_p120_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 7);
+        ks_e8m0_p8_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 119);
     }
     for (int kind = 0; kind < 2; ++kind)
         for (int b = 0; b < 256; ++b)
@@ -43,6 +46,7 @@ __attribute__((constructor)) static void ks_init_tables(void) {
                 const uint32_t v = bits_from_f32(ks_e2m1_values[c] * (kind ? ks_e4m3_lut[b] : ks_e8m0_lut[b])) >> 16;
                 ks_fp4_bf16[kind][b][c] = (uint8_t)(v & 0xFF);
                 ks_fp4_bf16[kind][b][16 + c] = (uint8_t)(v >> 8);
+                ks_fp4_f32[kind][b][c] = ks_e2m1_values[c] * (kind ? ks_e4m3_lut[b] : ks_e8m0_lut[b]);
             }
 }
 

@@ -152,9 +152,12 @@ double ks_read_avx512bf16(const uint8_t *p, int64_t n);
 extern float ks_e4m3_lut[256];       /* E4M3 byte -> fp32 */
 extern float ks_e8m0_lut[256];       /* E8M0 byte -> fp32 2^(b-127), 0xFF -> NaN */
 extern float ks_e8m0_p120_lut[256];  /* 2^(b-7): E8M0 scale times 2^120 (fp8 bit trick) */
+extern float ks_e8m0_p8_lut[256];    /* 2^(b-119): E8M0 scale times 2^8 (AVX-512 fp8 decode through fp16) */
 extern const float ks_e2m1_values[16];
 /* [0: MXFP4 E8M0, 1: NVFP4 E4M3][scale byte][16 low bytes, 16 high bytes of bf16(e2m1[c] * scale)] */
 extern uint8_t ks_fp4_bf16[2][256][32];
+/* the same values as fp32: [kind][scale byte][code] (AVX-512 FP4 decode: one vpermps each) */
+extern float ks_fp4_f32[2][256][16];
 float ks_half_to_float(uint16_t h);
 float ks_apply_act(const ks_act *a, float g, float u);
 /* MXFP8 (E4M3, floor E8M0, blocks of 32) quantise-dequantise of n elements (n % 32 == 0). */
