@@ -165,6 +165,21 @@ int ks_mxfp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *codes
 }
 
 /* ---------------------------------------------------------------- ISA selection */
+/* Whether avx512bf16 runs MXFP4 on the MX path with vdpbf16ps (the bf16 MX path) or with the fp32
+ * kernels on the q-dq activations (same exact products, other fp32 summation order).  Measured:
+ * 1.1-1.3x faster than the fp32 kernels on AMD Zen 4 (docs/native.md, "Figures"), 1.1-1.7x
+ * slower on an Intel Sapphire Rapids-class Xeon ("AVX-512 pass"), so by vendor;
+ * KERNELSLOT_NATIVE_BF16_MX=1 / 0 forces it (read per call: tests switch it). */
+static int bf16_mx_path_wanted(void) {
+    const char *v = getenv("KERNELSLOT_NATIVE_BF16_MX");
+    if (v && (v[0] == '0' || v[0] == '1') && !v[1]) return v[0] == '1';
+#if defined(__x86_64__)
+    return __builtin_cpu_is("amd");
+#else
+    return 0;
+#endif
+}
+
 int ks_isa_supported(int isa) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -287,7 +302,8 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     ks_group *groups = malloc(sizeof(ks_group) * (size_t)(E + P_max / KS_GROUP_MAX + 1));
     float *inter = malloc(sizeof(float) * (size_t)(P_max * ex->inter + 1));
     float *xq = quant_act ? malloc(sizeof(float) * (size_t)(T * ex->hidden + 1)) : NULL;
-    const int bf16_path = isa == KS_ISA_AVX512BF16 && quant_act && ex->format == KS_MXFP4 && ex->bf16_scales_ok;
+    const int bf16_path = isa == KS_ISA_AVX512BF16 && quant_act && ex->format == KS_MXFP4 && ex->bf16_scales_ok &&
+                          bf16_mx_path_wanted();
     uint16_t *xb = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * T * ex->hidden + 1)) : NULL;
     uint16_t *inter_b = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
     const int mxint_path = isa == KS_ISA_AVX2 && quant_act && ex->format == KS_MXFP4;
