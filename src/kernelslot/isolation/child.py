@@ -192,7 +192,7 @@ class _Worker:
             return self.report_staged()
         if msg.get("private"):
             return self.call_private(entry, args, msg["check"], bool(msg.get("scratch")))
-        return self.call(entry, args, msg["check"], bool(msg.get("scratch")))
+        return self.call(entry, args, msg["check"], bool(msg.get("scratch")), observe=not msg.get("served"))
 
     def prepare(self, prepare: Any, args: tuple, handle: int) -> dict:
         if prepare is None:
@@ -270,10 +270,12 @@ class _Worker:
                                  if torch._C._storage_Use_Count(t.untyped_storage()._cdata) > uses[i]]
         return {"calls": calls}
 
-    def call(self, entry: Any, args: list, check: bool, scratch: bool = False) -> dict:
-        """``entry(*args)``; ``scratch``: poison the allocators' freed memory right before (isolation/scratch.py)."""
+    def call(self, entry: Any, args: list, check: bool, scratch: bool = False, observe: bool = True) -> dict:
+        """``entry(*args)``; ``scratch``: poison the allocators' freed memory right before (isolation/scratch.py);
+        ``observe`` False (a served call: the executor's staging tensors are its own and it reads no
+        ``meta``): what the arguments view afterwards is not reported."""
         tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-        before = {i: identity(t) for i, t in tensors}
+        before = {i: identity(t) for i, t in tensors} if observe else {}
         uses = {i: torch._C._storage_Use_Count(t.untyped_storage()._cdata) for i, t in tensors} if check else {}
         with poisoned_scratch() if scratch else contextlib.nullcontext():
             result, err, elapsed = _call_entry(entry, args)
@@ -289,7 +291,8 @@ class _Worker:
             except Exception:  # noqa: BLE001 - an asynchronous device fault surfaces here
                 text = traceback.format_exc(limit=4)
                 reply.update(error=text, cause="out_of_memory" if memory_error_text(text) else "exception")
-        reply["meta"] = argument_meta(len(args), tensors, before, self.locate, self.storages)
+        if observe:
+            reply["meta"] = argument_meta(len(args), tensors, before, self.locate, self.storages)
         if check:
             retained = [i for i, t in tensors if torch._C._storage_Use_Count(t.untyped_storage()._cdata) > uses[i]]
             if retained:
@@ -380,7 +383,7 @@ class _Doorbell:
         if plan < 0:
             self.active = False
             return None
-        return {"op": "call", "kernel": self.plans[plan][0], "plan": plan, "check": False, "guard": False}
+        return {"op": "call", "kernel": self.plans[plan][0], "plan": plan, "check": False, "guard": False, "served": True}
 
     def answer(self, reply: dict) -> None:
         data = json.dumps(reply).encode()
