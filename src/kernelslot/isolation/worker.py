@@ -319,12 +319,15 @@ class WorkerRunner(Runner):
             self._frozen = []
 
     def incumbent_runner(self) -> Runner:
-        """A sibling runner for the incumbent, in a sandbox of its own, so a candidate cannot reach it."""
+        """A sibling runner for the incumbent, in a sandbox of its own, so a candidate cannot reach it, and
+        with the same limits: a memory cap puts a worker in a cgroup of its own, whose page charging a
+        worker without one would not pay, and the timed calls compare like with like."""
         if self._incumbent is None:
             from kernelslot.kernels.native import build
 
             build.loaded()  # built (and verified) here: inside its sandbox the cache is read-only
-            self._incumbent = WorkerRunner(self.call_timeout_s, self.prepare_timeout_s, memory_limit_gib=None,
+            self._incumbent = WorkerRunner(self.call_timeout_s, self.prepare_timeout_s,
+                                           memory_limit_gib=self.memory_bytes / (1 << 30) or None,
                                            settle_s=self.settle_s, start_timeout_s=self.start_timeout_s, keep_spare=False,
                                            sandbox=self.sandbox)
         return self._incumbent
