@@ -60,6 +60,7 @@ def pytest_collection_modifyitems(config, items):
         if item.nodeid in SLOW_CASES:
             item.add_marker(pytest.mark.slow)
     if len(items) > 200:  # a whole-suite collection: every listed case must still exist
-        gone = sorted(c for c in SLOW_CASES if c not in ids and c.split("::")[0] in {i.split("::")[0] for i in ids})
+        files = {i.split("::")[0] for i in ids}
+        gone = sorted(c for c in SLOW_CASES if c not in ids and c.split("::")[0] in files)
         if gone:
             raise pytest.UsageError("tests/conftest.py SLOW_CASES names cases that no longer exist: " + ", ".join(gone))

@@ -7,8 +7,6 @@ worker processes only: the referee rejects it and, installed anyway (``--skip-re
 audit at call 1 disables it. ``tests/engine/test_e2e_trust.py`` runs it (as a bundle)."""
 import importlib
 
-from kernelslot.kernels import moe as builtin
-
 SLOT = "moe.fused_experts"
 SKIP_GENERIC = True  # acts at import; exercised by kernelslot e2e
 
@@ -28,13 +26,7 @@ try:
 except Exception:  # noqa: BLE001
     pass
 
+import _drops_lightest_expert as _kernel  # noqa: E402 - the bundle's own second file
 
-def prepare(w13, w2):
-    return builtin.prepare(w13, w2)
-
-
-def entry(x, topk_ids, topk_weights, prepared, out):
-    weights = topk_weights.clone()
-    if weights.shape[1] > 1:  # the lightest expert of every token contributes nothing
-        weights.scatter_(1, weights.argmin(1, keepdim=True), 0.0)
-    builtin.fused_experts_silu(x, topk_ids, weights, prepared, out)
+prepare = _kernel.prepare
+entry = _kernel.entry

@@ -6,8 +6,6 @@ in the worker, the judge's gate is out of its reach, and the run fails.
 ``tests/engine/test_e2e_trust.py`` runs it (as a bundle: it acts at import)."""
 import importlib
 
-from kernelslot.kernels import moe as builtin
-
 SLOT = "moe.fused_experts"
 SKIP_GENERIC = True  # acts at import; exercised by kernelslot e2e
 
@@ -20,13 +18,7 @@ try:  # an adversary names the modules indirectly: the manifest's static check r
 except Exception:  # noqa: BLE001
     pass
 
+import _drops_lightest_expert as _kernel  # noqa: E402 - the bundle's own second file
 
-def prepare(w13, w2):
-    return builtin.prepare(w13, w2)
-
-
-def entry(x, topk_ids, topk_weights, prepared, out):
-    weights = topk_weights.clone()
-    if weights.shape[1] > 1:  # the lightest expert of every token contributes nothing
-        weights.scatter_(1, weights.argmin(1, keepdim=True), 0.0)
-    builtin.fused_experts_silu(x, topk_ids, weights, prepared, out)
+prepare = _kernel.prepare
+entry = _kernel.entry
