@@ -41,7 +41,8 @@ def _self_timed(tmp_path, slot: str, profiles: tuple[str, ...], reps: int) -> li
 def test_batch_size_follows_the_incumbents_round_trip():
     calls = [CallObservation(elapsed_s=110e-6, worker_s=10e-6)] * 3  # 100 us of round trip per 10 us call
     assert batch_size(calls) == 200  # 100 us <= 5% of 200 x 10 us
-    assert batch_size([CallObservation(elapsed_s=11e-6, worker_s=10e-6)] * 3, 100) == 200  # 100 us per request of 100
+    jitter = [CallObservation(elapsed_s=e, worker_s=10e-6) for e in (110e-6, 3e-3, 105e-6, 115e-6, 90e-6)]
+    assert batch_size(jitter) == 200  # the median single call: one interrupted request does not size the batch
     # in-process: no round trip; enough calls that a repetition lasts MIN_REPETITION_S, at most MAX_IN_PROCESS_BATCH
     assert batch_size([CallObservation(elapsed_s=1e-4)] * 3) == math.ceil(MIN_REPETITION_S / 1e-4)
     assert batch_size([CallObservation(elapsed_s=1e-8)]) == MAX_IN_PROCESS_BATCH

@@ -51,6 +51,20 @@ def judge_direct_evidence(kernel: Kernel, obs: CallObservation) -> None:
         obs.error, obs.cause = f"{problem}\n[no_aot_evidence] {problem}", "no_aot_evidence"
 
 
+@dataclass
+class StagedBatch:
+    """A batch between :meth:`Runner.stage_batch` and :meth:`Runner.finish_batch`; ``error``: the
+    observation that ended it early (staging or the run failed), which ``finish_batch`` reports."""
+
+    kernel: Kernel
+    batch: Sequence[Sequence[Any]]
+    check_retention: bool
+    elapsed_s: float = 0.0  # the timed step's time on the referee's clock, whole batch
+    error: CallObservation | None = None
+    state_changed: list[str] = field(default_factory=list)  # numeric state the run changed (a worker's report)
+    state: Any = None  # the runner's own (a worker process, or the in-process observations)
+
+
 class RunnerError(RuntimeError):
     """The candidate could not be loaded or prepared (the message says why); ``check`` names the failure."""
 
@@ -105,7 +119,6 @@ class Runner(ABC):
         (``isolation/scratch.py``), so scratch the candidate reads without writing holds garbage.
         """
 
-    @abstractmethod
     def call_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True
                    ) -> tuple[list[CallObservation], float]:
         """Call ``kernel.entry`` once per argument list of ``batch``, back to back in one request to
@@ -113,8 +126,25 @@ class Runner(ABC):
 
         Every call is observed as by :meth:`call` (its ``worker_s`` where the runner measures one);
         the second value is the batch's time on the referee's clock divided by ``len(batch)``. The
-        batch stops at the first call that raises; the observations then end there.
+        batch stops at the first call that raises; the observations then end there. The three steps
+        (:meth:`stage_batch`, :meth:`run_staged`, :meth:`finish_batch`) may also be made apart, so the
+        timed step of two runners' batches can run back to back.
         """
+        staged = self.stage_batch(kernel, batch, check_retention=check_retention)
+        self.run_staged(staged)
+        return self.finish_batch(staged)
+
+    @abstractmethod
+    def stage_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True) -> "StagedBatch":
+        """Hand ``batch`` to where candidates run without calling anything (untimed)."""
+
+    @abstractmethod
+    def run_staged(self, staged: "StagedBatch") -> None:
+        """Make the staged calls back to back and nothing else; sets ``staged.elapsed_s`` (the timed step)."""
+
+    @abstractmethod
+    def finish_batch(self, staged: "StagedBatch") -> tuple[list[CallObservation], float]:
+        """What :meth:`call_batch` returns for ``staged``, once :meth:`run_staged` made its calls (untimed)."""
 
     def freeze(self) -> None:
         """Stop every process where this runner runs candidate code, so none of it runs while
@@ -171,24 +201,35 @@ class InProcessRunner(Runner):
         obs.state_changed = [state_changed_text(guard.changed, guard.unrestored)] if guard.changed else []
         return obs
 
-    def call_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True
-                   ) -> tuple[list[CallObservation], float]:
-        observations: list[CallObservation] = []
+    def stage_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True) -> StagedBatch:
+        staged = StagedBatch(kernel, batch, check_retention)
+        try:
+            staged.state = self._callables(kernel)[0]
+        except RunnerError as exc:
+            staged.error = CallObservation(error=str(exc))
+        return staged
+
+    def run_staged(self, staged: StagedBatch) -> None:
+        if staged.error is not None:
+            return
+        entry, observations = staged.state, []
         with numeric_state.Guard() as guard:
-            try:
-                entry, _ = self._callables(kernel)
-            except RunnerError as exc:
-                return [CallObservation(error=str(exc))], 0.0
-            for args in batch:
-                obs = self._call_one(kernel, entry, args, check_retention, False, CallObservation())
+            for args in staged.batch:
+                obs = self._call_one(staged.kernel, entry, args, staged.check_retention, False, CallObservation())
                 observations.append(obs)
                 if obs.error:
                     break
-            mean = sum(o.elapsed_s for o in observations) / len(observations)  # the entries' own time: no round trip here
         changed = [state_changed_text(guard.changed, guard.unrestored)] if guard.changed else []
         for obs in observations:
             obs.state_changed = changed
-        return observations, mean
+        staged.state = observations
+        staged.elapsed_s = sum(o.elapsed_s for o in observations)  # the entries' own time: no round trip here
+
+    def finish_batch(self, staged: StagedBatch) -> tuple[list[CallObservation], float]:
+        if staged.error is not None:
+            return [staged.error], 0.0
+        observations: list[CallObservation] = staged.state
+        return observations, staged.elapsed_s / len(observations)
 
     @staticmethod
     def _call_one(kernel: Kernel, entry: Callable, args: Sequence[Any], check_retention: bool, scratch: bool,

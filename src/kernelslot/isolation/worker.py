@@ -41,7 +41,7 @@ import socket
 import tempfile
 import time
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef, reduce_tensor
@@ -50,8 +50,8 @@ from kernelslot.isolation import fpcontrol, proctree
 from kernelslot.isolation.child import FDS_PER_MESSAGE
 from kernelslot.isolation.observe import bits_equal, translate_meta
 from kernelslot.isolation.process import Contained, Limits, Watch, WorkerProcess, Zygote
-from kernelslot.isolation.runner import (CallObservation, GlobalStateChanged, Runner, RunnerError, judge_direct_evidence,
-                                         state_changed_text)
+from kernelslot.isolation.runner import (CallObservation, GlobalStateChanged, Runner, RunnerError, StagedBatch,
+                                         judge_direct_evidence, state_changed_text)
 from kernelslot.isolation.sandbox import Sandbox, current as current_sandbox
 from kernelslot.slots.base import Kernel, KernelSource
 
@@ -263,25 +263,58 @@ class WorkerRunner(Runner):
             obs.state_changed = [*obs.state_changed, self._outside_text(outside, bool(obs.state_changed))]
             self._discard()
 
-    def call_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True
-                   ) -> tuple[list[CallObservation], float]:
-        """The batch in three requests: ``stage_batch`` hands over the argument lists (untimed),
-        ``run_staged`` makes the calls back to back (the referee's clock: this request's round trip),
-        ``report_staged`` brings back what each call returned and left (untimed). Then one settle
-        window over every argument of the batch (a late write or busy thread fails the last call)."""
+    # -- a batch in three requests: ``stage_batch`` hands over the argument lists (untimed), ``run_staged``
+    # makes the calls back to back (the referee's clock: this request's round trip), ``report_staged``
+    # brings back what each call returned and left (untimed); then one settle window over every
+    # argument of the batch (a late write or busy thread fails the last call)
+    @staticmethod
+    def _contained(staged: StagedBatch, step: Callable[[], None]) -> None:
+        """Run one step of ``staged``; a failure becomes its ``error`` (the observation that ends it)."""
+        try:
+            step()
+        except Contained as c:
+            staged.error = CallObservation(error=f"{c.message}\n[{c.cause}] {c.message.splitlines()[0]}", cause=c.cause,
+                                           elapsed_s=c.elapsed_s)
+        except ValueError as exc:
+            staged.error = CallObservation(error=f"[load_failed] {exc}", cause="load_failed")
+        except RunnerError as exc:
+            staged.error = CallObservation(error=f"[start_failed] {exc}", cause="start_failed")
+
+    def stage_batch(self, kernel: Kernel, batch: Sequence[Sequence[Any]], *, check_retention: bool = True) -> StagedBatch:
+        self.thaw()
+        staged = StagedBatch(kernel, batch, check_retention)
+
+        def stage() -> None:
+            source = kernel.origin()
+            staged.state = proc = self._worker_for(source)
+            reply, _ = self._request(proc, "stage_batch", source, [list(a) for a in batch], self.call_timeout_s,
+                                     check=check_retention)
+            if "error" in reply:
+                raise Contained(str(reply.get("cause") or "load_failed"), str(reply["error"]).strip() or "staging failed")
+        self._contained(staged, stage)
+        return staged
+
+    def run_staged(self, staged: StagedBatch) -> None:
+        if staged.error is not None:
+            return
+        woken = bool(self._frozen)
+        self.thaw()
+
+        def run() -> None:
+            if woken:  # a stopped worker is woken by an untimed request first: its wake-up is no part of the batch
+                self._request(staged.state, "load", staged.kernel.origin(), [], self.call_timeout_s)
+            _, staged.elapsed_s = self._request(staged.state, "run_staged", staged.kernel.origin(), [], self.call_timeout_s,
+                                                guard=False)  # the worker's guard spans stage to report
+        self._contained(staged, run)
+
+    def finish_batch(self, staged: StagedBatch) -> tuple[list[CallObservation], float]:
         self.thaw()
         observations: list[CallObservation] = []
-        proc = None
-        try:
-            source = kernel.origin()
-            proc = self._worker_for(source)
-            staged, _ = self._request(proc, "stage_batch", source, [list(a) for a in batch], self.call_timeout_s,
-                                      check=check_retention)
-            if "error" in staged:
-                raise Contained(str(staged.get("cause") or "load_failed"), str(staged["error"]).strip() or "staging failed")
-            ran, elapsed = self._request(proc, "run_staged", source, [], self.call_timeout_s)
-            state = self._state_changed(ran) if ran.get("global_state") else []
-            reply, _ = self._request(proc, "report_staged", source, [], self.call_timeout_s)
+        proc, batch, elapsed = staged.state, staged.batch, staged.elapsed_s
+
+        def report() -> None:
+            reply, _ = self._request(proc, "report_staged", staged.kernel.origin(), [], self.call_timeout_s)
+            staged.state_changed = self._state_changed(reply) if reply.get("global_state") else []
             calls = reply.get("calls")
             if not isinstance(calls, list) or not 1 <= len(calls) <= len(batch):
                 raise Contained("protocol", f"the worker answered a batch of {len(batch)} calls with "
@@ -291,18 +324,15 @@ class WorkerRunner(Runner):
                 if not isinstance(one, dict):
                     raise Contained("protocol", "a batch observation is not an object", elapsed)
                 self._observe(one, args, obs)
-                judge_direct_evidence(kernel, obs)
-                obs.elapsed_s, obs.state_changed = elapsed / len(calls), state
+                judge_direct_evidence(staged.kernel, obs)
+                obs.elapsed_s, obs.state_changed = elapsed / len(calls), staged.state_changed
                 observations.append(obs)
-        except Contained as c:
-            observations.append(CallObservation(error=f"{c.message}\n[{c.cause}] {c.message.splitlines()[0]}", cause=c.cause,
-                                                elapsed_s=c.elapsed_s))
-        except ValueError as exc:
-            observations.append(CallObservation(error=f"[load_failed] {exc}", cause="load_failed"))
-        except RunnerError as exc:
-            observations.append(CallObservation(error=f"[start_failed] {exc}", cause="start_failed"))
+        if staged.error is None:
+            self._contained(staged, report)
+        if staged.error is not None:
+            observations.append(staged.error)
         last = observations[-1]
-        if last.error is None and check_retention and self.settle_s > 0 and proc is self._proc:
+        if last.error is None and staged.check_retention and self.settle_s > 0 and proc is self._proc:
             self._settle(proc, [a for args in batch for a in args], last)
         self._judge_outside(proc, last)
         if last.cause in RESTART_CAUSES:

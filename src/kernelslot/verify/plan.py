@@ -123,13 +123,16 @@ class PlannedCall:
         return f"replay {self.draw} ({self.refill} refill): " if self.draw else ""
 
 
+MORE_REPS = 8  # a timing plan has room for this many times its least repetitions (verify/single/timing.py)
+
+
 @dataclass(frozen=True)
 class TimingPlan:
     """``warmup`` discarded candidate/incumbent pairs, then ``reps`` timed ones (alternating which side goes first)."""
 
     warmup: int
     reps: int
-    poisons: tuple[str, ...]  # per call of the sequence (warm-ups first; room for up to ``reps`` more timed pairs)
+    poisons: tuple[str, ...]  # per call of the sequence (warm-ups first; room for MORE_REPS times ``reps`` timed pairs)
     picks: tuple[int, ...]
 
 
@@ -195,7 +198,7 @@ class Planner:
         timing = None
         if self.time_reps is not None:
             warmup, reps = rng.randint(1, 4), self.time_reps + rng.randint(0, max(1, self.time_reps // 2))
-            n = warmup + 2 * reps  # verify/single/timing.py may add up to ``reps`` pairs where the incumbent is fast
+            n = warmup + MORE_REPS * reps  # verify/single/timing.py adds pairs where the incumbent is fast
             timing = TimingPlan(warmup, reps, tuple(rng.choice(POISONS) for _ in range(n)),
                                 tuple(rng.getrandbits(63) for _ in range(n)))
         return CallPlan((PlannedCall(0, "first", "nan"), *replays), timing)

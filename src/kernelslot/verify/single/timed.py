@@ -10,18 +10,22 @@ Methodology (the numbers: :mod:`kernelslot.verify.single.timing`):
 - **Batches.** One request runs ``n`` calls back to back, each on its own set of live inputs
   (fresh values every repetition) and its own poisoned padded outputs, each checked afterwards
   exactly like any replay; the referee's clock over the request, divided by ``n``, is a
-  repetition's time. ``n`` is calibrated on the *incumbent* alone before the pairs (single calls,
-  then batches of the size their figures suggest, :data:`CALIBRATION_ROUNDS` rounds) so that the request's own cost (round trip minus in-worker time) is at most
-  :data:`ROUNDTRIP_SHARE` of the work, within :data:`MAX_BATCH` calls, :data:`MAX_BATCH_BYTES` of
-  inputs and outputs and :data:`MAX_BATCH_S` at the slower side's time in the first warm-up pair
-  (made with single calls). In-process
-  there is no round trip and a call's time is the entry's own; ``n`` is then what makes a repetition
+  repetition's time. ``n`` is sized on the *incumbent*'s single calls before the pairs, so that the
+  request's own cost (a single call's round trip minus its in-worker time; the calls' own loop in
+  the worker is work both sides pay alike) is at most :data:`ROUNDTRIP_SHARE` of the work, within
+  :data:`MAX_BATCH` calls, :data:`MAX_BATCH_BYTES` of inputs and outputs and :data:`MAX_BATCH_S`
+  at the slower side's time in the first warm-up pair (made with single calls). In-process there
+  is no round trip and a call's time is the entry's own; ``n`` is then what makes a repetition
   last :data:`MIN_REPETITION_S` (at most :data:`MAX_IN_PROCESS_BATCH`), so a repetition of a
   microsecond kernel is a mean over many calls rather than one call's jitter.
-- **Alternating order, one prologue.** Pair ``i`` draws its inputs once; then the candidate and the
-  incumbent run in alternating order (the candidate first in even pairs), each right after the
-  same prologue (every input read for the snapshot, every output poisoned), so the second call of
-  a pair, which finds the first one's inputs in cache, is each side's equally often.
+- **Back to back, alternating order, one prologue.** Pair ``i`` draws its inputs once; both sides'
+  prologues (every input read for the snapshot, every output poisoned: the incumbent writes
+  outputs of its own, so the candidate's wait intact to be judged) and both batches' staging come
+  first; then the two timed steps run back to back, in alternating order (the candidate first in
+  even pairs), and only then are both reported and the candidate's calls judged. So the two
+  repetitions of a pair are milliseconds apart and a slow phase of the machine (a busy neighbour,
+  a core waking from idle) moves both, which the paired ratio (``timing.py``) cancels; and the
+  second step of a pair, which finds the inputs in cache, is each side's equally often.
 - **The other side frozen.** While one side's batch runs, every process of the other side's
   runner is stopped (SIGSTOP, waited for): a helper thread or a spinning thread pool of one side
   cannot take the CPU from the other's timed calls.
@@ -41,8 +45,8 @@ from typing import Any
 
 import torch
 
-from kernelslot.abi import Role, allocate_output
-from kernelslot.isolation.runner import CallObservation, Runner, RunnerError
+from kernelslot.abi import allocate_output
+from kernelslot.isolation.runner import CallObservation, Runner, RunnerError, StagedBatch
 from kernelslot.slots.base import Case
 from kernelslot.verify.cases import refill_live, tensors_in
 from kernelslot.verify.plan import TIMED_DRAW, PlannedCall, TimingPlan
@@ -58,15 +62,14 @@ MAX_BATCH_BYTES = 64 << 20  # live inputs and outputs of a batch's extra sets to
 MAX_BATCH_S = 0.25  # a batch takes at most about this long on the slower side's warm-up figure
 MIN_REPETITION_S = 5e-4  # in-process: a repetition's calls last at least about this long
 MAX_IN_PROCESS_BATCH = 64  # in-process: calls per repetition
-CALIBRATION_CALLS = 3  # incumbent requests per calibration round
-CALIBRATION_ROUNDS = 3  # rounds of sizing the batch on the incumbent's figures
+CALIBRATION_CALLS = 5  # the incumbent's single calls that size the batch
 
 
-def batch_size(incumbent: list[CallObservation], calls_per_request: int = 1) -> int:
-    """Calls per request for the incumbent's figures ``incumbent`` (per-call observations of requests
-    of ``calls_per_request`` calls): enough that a request's own cost (round trip less in-worker time)
-    is at most :data:`ROUNDTRIP_SHARE` of the batch's work, within :data:`MAX_BATCH`. In-process there
-    is no round trip (a call's time is the entry's own): enough calls that a repetition lasts
+def batch_size(incumbent: list[CallObservation]) -> int:
+    """Calls per request for the incumbent's single-call figures ``incumbent``: enough that a request's
+    own cost (round trip less in-worker time: the same whatever the batch holds) is at most
+    :data:`ROUNDTRIP_SHARE` of the batch's work, within :data:`MAX_BATCH`. In-process there is no round
+    trip (a call's time is the entry's own): enough calls that a repetition lasts
     :data:`MIN_REPETITION_S`, within :data:`MAX_IN_PROCESS_BATCH`, so one interrupted call moves a
     repetition's mean, not its median."""
     if any(o.worker_s is None or o.worker_s <= 0 for o in incumbent):
@@ -75,8 +78,7 @@ def batch_size(incumbent: list[CallObservation], calls_per_request: int = 1) -> 
             return 1
         return max(1, min(MAX_IN_PROCESS_BATCH, math.ceil(MIN_REPETITION_S / per_call)))
     work = statistics.median(o.worker_s for o in incumbent)  # type: ignore[misc]
-    per_call = statistics.median(o.elapsed_s - o.worker_s for o in incumbent)  # type: ignore[operator]
-    overhead = max(0.0, per_call * calls_per_request)  # the request's own cost
+    overhead = max(0.0, statistics.median(o.elapsed_s - o.worker_s for o in incumbent))  # type: ignore[operator]
     return max(1, min(MAX_BATCH, math.ceil(overhead / (ROUNDTRIP_SHARE * work))))
 
 
@@ -120,11 +122,24 @@ class _Batch:
         self.refs: list[Case] = [run.ref_case]
         self.outputs: list[dict] = [run.outputs]
         self.args: list[list[Any]] = [run.args]
+        self.inc_outputs: list[dict] = []
+        self.inc_args: list[list[Any]] = []
+        self._add_incumbent_set(run.case)
         self.active = 1  # the sets the next request calls on (the first ``active``)
 
     def set_bytes(self) -> int:
         live = sum(t.untyped_storage().nbytes() for n in self.live for t in tensors_in(self.run.case.inputs[n]).values())
-        return live + sum(a.base.untyped_storage().nbytes() for a in self.run.outputs.values())
+        return live + 2 * sum(a.base.untyped_storage().nbytes() for a in self.run.outputs.values())  # both sides' outputs
+
+    def _add_incumbent_set(self, case: Case) -> None:
+        """The incumbent's outputs for ``case``'s set: its own, so the candidate's stay as they were
+        left until they are judged, after both sides ran."""
+        run = self.run
+        outputs = {k: allocate_output(spec, run.device) for k, spec in case.outputs.items() if spec is not None}
+        self.trusted.share([a.base for a in outputs.values()])
+        prepared = run.prepared if self.inc_prepared is None else self.inc_prepared
+        self.inc_outputs.append(outputs)
+        self.inc_args.append(run._args(case, outputs, prepared))
 
     def grow(self, n: int) -> None:
         """Make ``n`` sets active, allocating (and sharing) the ones that do not exist yet."""
@@ -139,6 +154,7 @@ class _Batch:
             self.refs.append(run.ref_case)
             self.outputs.append(outputs)
             self.args.append(run._args(case, outputs, run.prepared))
+            self._add_incumbent_set(case)
 
     def refill(self, i: int, pick: int) -> None:
         """Fresh live inputs for repetition ``i``: a new draw in set 0, permutations of it elsewhere."""
@@ -153,17 +169,26 @@ class _Batch:
             self.refs[k] = dataclasses.replace(run.ref_case, inputs={**run.ref_case.inputs, **now})
 
     def incumbent_args(self) -> list[list[Any]]:
-        args = self.args[:self.active]
-        if self.inc_prepared is None:
-            return args
-        return [[self.inc_prepared if a.role is Role.PREPARED else v for a, v in zip(self.run.defn.slot.args, one)]
-                for one in args]
+        return self.inc_args[:self.active]
+
+    def poison_incumbent(self, call: PlannedCall) -> None:
+        """The incumbent's outputs poisoned as the candidate's are (the same prologue)."""
+        for outputs in self.inc_outputs[:self.active]:
+            for alloc in outputs.values():
+                if not call.plain:
+                    alloc.poison(finite=call.poison == "sentinel")
 
 
 def _batch_observation(observations: list[CallObservation], mean: float) -> CallObservation:
     """One repetition: the batch's referee time per call, and the mean in-worker time where measured."""
     worker = [o.worker_s for o in observations]
     return CallObservation(elapsed_s=mean, worker_s=statistics.fmean(worker) if all(w is not None for w in worker) else None)
+
+
+def _complete(timed: CallObservation, observations: list[CallObservation], mean: float) -> None:
+    """Fill ``timed`` (made when its batch ran) with the batch's figures, as :func:`_batch_observation` makes them."""
+    done = _batch_observation(observations, mean)
+    timed.elapsed_s, timed.worker_s, timed.error = done.elapsed_s, done.worker_s, observations[-1].error
 
 
 def time_profile(run: Any, plan: TimingPlan) -> None:
@@ -181,22 +206,16 @@ def time_profile(run: Any, plan: TimingPlan) -> None:
     batch = _Batch(run, trusted, inc_prepared)
     traffic: dict[int, Any] = {}
     first: dict[str, CallObservation] = {}
-    # the batch size, from the incumbent alone before the plan's pairs (trusted code, unchecked): single
-    # calls first, then batches of the size they suggest, re-sized on what those show
+    # the batch size, from the incumbent's single calls before the plan's pairs (trusted code, unchecked)
     run.runner.freeze()
     try:
-        size = 1
-        for _ in range(CALIBRATION_ROUNDS):
-            batch.grow(size)
-            seen = []
-            for _ in range(CALIBRATION_CALLS):
-                observations, mean = trusted.call_batch(incumbent, batch.incumbent_args(), check_retention=False)
-                if observations[-1].error:
-                    raise RunnerError(f"the incumbent failed: {observations[-1].error.strip().splitlines()[-1]}")
-                seen.append(_batch_observation(observations, mean))
-            size = batch_size(seen, batch.active)
-            if size == batch.active:
-                break
+        seen = []
+        for _ in range(CALIBRATION_CALLS):
+            observations, mean = trusted.call_batch(incumbent, batch.incumbent_args(), check_retention=False)
+            if observations[-1].error:
+                raise RunnerError(f"the incumbent failed: {observations[-1].error.strip().splitlines()[-1]}")
+            seen.append(_batch_observation(observations, mean))
+        size = batch_size(seen)
     except RunnerError as exc:
         run.runner.thaw()
         run.result.record(Check.RAISED, FAIL, f"timing: {exc}")
@@ -208,44 +227,61 @@ def time_profile(run: Any, plan: TimingPlan) -> None:
     def timed_call(i: int) -> PlannedCall:
         return PlannedCall(TIMED_DRAW + i, "full", plan.poisons[i], pick=plan.picks[i])
 
+    staged: dict[str, StagedBatch] = {}
+    timed: dict[str, CallObservation] = {}
+    armed: list[tuple[dict, dict]] = []
+
     def begin(i: int) -> None:
+        """Pair ``i``'s inputs, both sides' prologues (inputs read, outputs poisoned) and both batches
+        staged, so that nothing but the two timed steps runs between them."""
         batch.refill(i, plan.picks[i])
         traffic[i] = run.defn.traffic(run.ref_case)
-
-    def candidate(i: int) -> CallObservation | None:
-        call = timed_call(i)
-        n = batch.active
-        armed = [run._arm(call, batch.cases[k], batch.outputs[k]) for k in range(n)]
+        call, n = timed_call(i), batch.active
+        armed[:] = [run._arm(call, batch.cases[k], batch.outputs[k]) for k in range(n)]
+        batch.poison_incumbent(call)
         trusted.freeze()
-        observations, mean = run.runner.call_batch(run.cand.kernel, batch.args[:n])
+        staged["candidate"] = run.runner.stage_batch(run.cand.kernel, batch.args[:n])
+        run.runner.freeze()
+        staged["incumbent"] = trusted.stage_batch(incumbent, batch.incumbent_args(), check_retention=False)
+        trusted.freeze()
+
+    def timed_step(side: str, runner: Runner, other: Runner) -> CallObservation:
+        other.freeze()
+        runner.run_staged(staged[side])
+        runner.freeze()
+        timed[side] = CallObservation(elapsed_s=staged[side].elapsed_s / batch.active)  # completed by end()
+        return timed[side]
+
+    def end(i: int) -> bool:
+        """Both batches reported; the candidate's calls judged (False: one failed a check)."""
+        call, n = timed_call(i), batch.active
+        trusted.freeze()
+        observations, mean = run.runner.finish_batch(staged["candidate"])
+        run.runner.freeze()
         for k, obs in enumerate(observations):
             label = "timed call: " if n == 1 else f"timed call ({k + 1} of a batch of {n}): "
             if not run._judge(call, obs, batch.cases[k], batch.refs[k], batch.outputs[k], armed[k], label):
-                return None
+                return False
         if len(observations) < n:  # the worker answered fewer calls than it was given
             run.result.record(Check.RAISED, FAIL, f"timing: the batch stopped after {len(observations)} of {n} calls")
-            return None
+            return False
         first.setdefault("candidate", observations[0])
-        return _batch_observation(observations, mean)
-
-    def incumbent_call(i: int) -> CallObservation:
-        call = timed_call(i)
-        for k in range(batch.active):  # the candidate's prologue exactly: inputs read, outputs poisoned
-            run._arm(call, batch.cases[k], batch.outputs[k])
-        run.runner.freeze()
-        observations, mean = trusted.call_batch(incumbent, batch.incumbent_args(), check_retention=False)
+        _complete(timed["candidate"], observations, mean)
+        inc_observations, inc_mean = trusted.finish_batch(staged["incumbent"])
         trusted.freeze()
-        if observations[-1].error:
-            return observations[-1]
-        if i == 0:  # after the first warm-up pair: the calibrated size, within what the slower side allows
-            batch.grow(min(wanted, batch_cap(first["candidate"], observations[0], batch.set_bytes())))
-        return _batch_observation(observations, mean)
+        _complete(timed["incumbent"], inc_observations, inc_mean)
+        if i == 0 and not timed["incumbent"].error:  # after the first warm-up pair: the calibrated size,
+            # within what the slower side allows
+            batch.grow(min(wanted, batch_cap(first["candidate"], inc_observations[0], batch.set_bytes())))
+        return True
 
     def floor(i: int, fresh: bool) -> roofline.Floor:
         return roofline.floor(traffic[i], run.device, fresh)
 
     try:
-        t = time_interleaved(plan, candidate, incumbent_call, floor, begin)
+        t = time_interleaved(plan, lambda i: timed_step("candidate", run.runner, trusted),
+                             lambda i: timed_step("incumbent", trusted, run.runner), floor, begin, end,
+                             lambda: batch.active)
     except RunnerError as exc:
         run.result.record(Check.RAISED, FAIL, f"timing: {exc}")
         return

@@ -1,18 +1,17 @@
 """Timing methodology: candidate and incumbent interleaved (AB BA AB ...) on the same fresh inputs.
 
-The call plan (``verify/plan.py``) draws the warm-up and repetition counts per profile. Call ``i``
-of the sequence is a pair on one set of fresh inputs: the candidate's call (the pipeline poisons the
-outputs and checks the result, all outside the timed window) and the incumbent's call, in
-alternating order (the candidate first in even pairs), each after the same prologue (the inputs
-read for their snapshot, the outputs poisoned), so neither side inherits the other's warm caches.
-Both go through the same kind of runner (``runner.incumbent_runner()``: in-process, or a worker of
-its own), so the runner's overhead cancels in the ratio. The first ``warmup`` pairs
-are discarded.
+The call plan (``verify/plan.py``) draws the warm-up and repetition counts per profile. Pair ``i``
+of the sequence is the candidate's repetition and the incumbent's on one set of fresh inputs, back to
+back in alternating order (the candidate first in even pairs; how a repetition is made, staged
+and judged outside the timed window: ``timed.py``), through the same kind of runner
+(``runner.incumbent_runner()``: in-process, or a worker of its own), so the runner's overhead
+cancels in the ratio. The first ``warmup`` pairs are discarded. The speedup is the median of the
+pairs' own ratios (:func:`time_interleaved`).
 
 **Repetitions come from the incumbent's time, never the candidate's**: the plan fixes the least
-number of timed pairs; where the incumbent's warm-up calls are so fast that they would fill less
-than :data:`TARGET_TIMED_S`, up to as many again are added (the plan draws their poisons and
-positions in advance). Nothing the candidate does changes how often it is called.
+number of timed pairs; where the incumbent's warm-up repetitions are so fast that they would fill
+less than :data:`TARGET_TIMED_S`, more are added, up to ``MORE_REPS`` times as many (the plan draws
+their poisons and positions in advance). Nothing the candidate does changes how often it is called.
 
 **The physics floor** (``verify/single/roofline.py``): every timed candidate call is held to the least time
 its traffic allows on this machine. A call measured below its floor is impossible: ``impossible``
@@ -23,8 +22,9 @@ while the probes first ran cannot make an honest kernel impossible.
 Reported (seconds) per side: ``*_s`` (median), ``*_min_s`` / ``*_max_s``, ``*_q1_s`` / ``*_q3_s``
 (the interquartile range), ``*_spread`` ((max - min) / median), ``*_worker_s`` (median in-worker time of the entry alone, where the
 runner measures one) and ``*_roundtrip_s`` (median of referee time minus in-worker time: the
-runner's own cost); then ``speedup`` (incumbent median / candidate median) and ``noise`` (1.0 when
-the two interquartile ranges overlap: the ratio is not distinguishable from noise); then the floor
+runner's own cost); then ``speedup`` (the median of the pairs' incumbent / candidate ratios, with
+``speedup_q1`` / ``speedup_q3``) and ``noise`` (1.0 when those quartiles bracket 1: the ratio is not
+distinguishable from equal); then the floor
 of the call closest to it (``floor_s``, ``floor_bytes``, ``floor_flops``, the ceilings used
 ``floor_gbs`` / ``floor_tflops``, and ``floor_margin``: the smallest measured time / floor ratio).
 """
@@ -35,7 +35,7 @@ import statistics
 from typing import Callable
 
 from kernelslot.verify.single.roofline import Floor
-from kernelslot.verify.plan import TimingPlan
+from kernelslot.verify.plan import MORE_REPS, TimingPlan
 from kernelslot.isolation.runner import CallObservation, RunnerError
 
 
@@ -52,18 +52,19 @@ def summarize(prefix: str, observations: list[CallObservation]) -> dict[str, flo
     return out
 
 
-TARGET_TIMED_S = 0.02  # the incumbent's timed calls should add up to at least this (seconds)
+TARGET_TIMED_S = 0.25  # the incumbent's timed repetitions should add up to at least this (seconds)
 
 
-def timed_reps(plan: TimingPlan, incumbent_warmup: list[CallObservation]) -> int:
-    """How many timed pairs to make: the plan's, plus up to as many again when the incumbent's
-    warm-up calls show that they would fill less than :data:`TARGET_TIMED_S`."""
+def timed_reps(plan: TimingPlan, incumbent_warmup: list[CallObservation], calls_per_rep: int = 1) -> int:
+    """How many timed pairs to make: the plan's, plus more (up to :data:`MORE_REPS` times as many, and
+    what the plan drew) when the incumbent's warm-up repetitions (``calls_per_rep`` calls each, per-call
+    times) show that they would fill less than :data:`TARGET_TIMED_S`."""
     capacity = len(plan.poisons) - plan.warmup
     if not incumbent_warmup:
         return plan.reps
-    per_call = statistics.median(o.elapsed_s for o in incumbent_warmup)
-    wanted = math.ceil(TARGET_TIMED_S / per_call) if per_call > 0 else capacity
-    return max(plan.reps, min(capacity, 2 * plan.reps, wanted))
+    per_rep = statistics.median(o.elapsed_s for o in incumbent_warmup) * calls_per_rep
+    wanted = math.ceil(TARGET_TIMED_S / per_rep) if per_rep > 0 else capacity
+    return max(plan.reps, min(capacity, MORE_REPS * plan.reps, wanted))
 
 
 def candidate_first(i: int) -> bool:
@@ -75,13 +76,23 @@ def candidate_first(i: int) -> bool:
 def time_interleaved(plan: TimingPlan, candidate: Callable[[int], CallObservation | None],
                      incumbent: Callable[[int], CallObservation] | None,
                      floor: Callable[[int, bool], Floor] | None = None,
-                     begin: Callable[[int], None] | None = None) -> dict[str, float]:
-    """Run the plan's pairs; ``begin(i)`` draws pair ``i``'s inputs, ``candidate(i)`` makes and checks
-    call ``i`` (None: it failed a check, which the caller recorded: timing stops), ``incumbent(i)``
-    times the incumbent on the same inputs; the two alternate which goes first
-    (:func:`candidate_first`), so whatever the first call of a pair leaves the second (warm inputs,
-    a cooler or hotter core) falls on each side equally often. ``floor(i, fresh)`` is candidate call
-    ``i``'s physics floor (``fresh``: probe the machine again)."""
+                     begin: Callable[[int], None] | None = None,
+                     end: Callable[[int], bool] | None = None,
+                     calls_per_rep: Callable[[], int] = lambda: 1) -> dict[str, float]:
+    """Run the plan's pairs; ``begin(i)`` draws pair ``i``'s inputs (and may stage both sides' calls),
+    ``candidate(i)`` makes call ``i`` (None: it failed a check, which the caller recorded: timing
+    stops), ``incumbent(i)`` times the incumbent on the same inputs, and ``end(i)``, where given,
+    completes both observations once both ran (False: a check failed: timing stops). The two
+    alternate which goes first (:func:`candidate_first`), so whatever the first call of a pair leaves
+    the second (warm inputs, a cooler or hotter core) falls on each side equally often.
+    ``floor(i, fresh)`` is candidate call ``i``'s physics floor (``fresh``: probe the machine again);
+    ``calls_per_rep()`` how many calls a repetition makes (a batch; the observations are per call).
+
+    ``speedup`` is the median over the timed pairs of incumbent time / candidate time within a pair
+    (``speedup_q1`` / ``speedup_q3`` its quartiles): the two calls of a pair run back to back, so a
+    slow phase of the machine, which lasts longer than a pair, moves both and cancels in their
+    ratio, where a ratio of the two sides' medians would carry it. ``noise`` is 1.0 when the
+    ratios' interquartile range contains 1 (not distinguishable from equal)."""
     cand: list[tuple[int, CallObservation]] = []
     inc: list[CallObservation] = []
     warm: list[CallObservation] = []
@@ -97,6 +108,8 @@ def time_interleaved(plan: TimingPlan, candidate: Callable[[int], CallObservatio
             return {}
         if incumbent is not None and candidate_first(i):
             other = incumbent(i)
+        if end is not None and not end(i):
+            return {}
         if other is not None and other.error:
             raise RunnerError(f"the incumbent failed while being timed: {other.error.strip().splitlines()[-1]}")
         if i >= plan.warmup:
@@ -107,17 +120,18 @@ def time_interleaved(plan: TimingPlan, candidate: Callable[[int], CallObservatio
             warm.append(other)
         i += 1
         if i == plan.warmup:
-            reps = timed_reps(plan, warm)
+            reps = timed_reps(plan, warm, calls_per_rep())
     timing = summarize("candidate", [o for _, o in cand])
     if inc:
         timing.update(summarize("incumbent", inc))
-        timing["speedup"] = timing["incumbent_s"] / timing["candidate_s"] if timing["candidate_s"] else 0.0
-        overlap = timing["candidate_q1_s"] <= timing["incumbent_q3_s"] and timing["incumbent_q1_s"] <= timing["candidate_q3_s"]
-        timing["noise"] = 1.0 if overlap else 0.0
+        ratios = sorted(b.elapsed_s / a.elapsed_s if a.elapsed_s > 0 else 0.0 for (_, a), b in zip(cand, inc))
+        q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else (ratios[0],) * 3
+        timing.update(speedup=statistics.median(ratios), speedup_q1=q1, speedup_q3=q3, noise=1.0 if q1 <= 1.0 <= q3 else 0.0)
     if floor is not None:
         timing.update(judge_floor(cand, floor))
         if timing.get("impossible"):
-            timing.pop("speedup", None)
+            for key in ("speedup", "speedup_q1", "speedup_q3"):
+                timing.pop(key, None)
     return timing
 
 
