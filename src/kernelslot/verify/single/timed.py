@@ -65,21 +65,23 @@ MAX_IN_PROCESS_BATCH = 64  # in-process: calls per repetition
 CALIBRATION_CALLS = 5  # the incumbent's single calls that size the batch
 
 
-def batch_size(incumbent: list[CallObservation]) -> int:
-    """Calls per request for the incumbent's single-call figures ``incumbent``: enough that a request's
-    own cost (round trip less in-worker time: the same whatever the batch holds) is at most
+def batch_size(incumbent: list[CallObservation], batched: list[CallObservation] | None = None) -> int:
+    """Calls per request for the incumbent's single-call figures ``incumbent`` (and, where made, its
+    per-call figures in batches, ``batched``: a call in a batch runs warm, much faster than a single
+    one, so the work per call is read there): enough that a request's own cost (a single call's round
+    trip less its in-worker time: the same whatever the batch holds) is at most
     :data:`ROUNDTRIP_SHARE` of the batch's work, within :data:`MAX_BATCH`. In-process there is no round
     trip (a call's time is the entry's own): enough calls that a repetition lasts
     :data:`MIN_REPETITION_S`, within :data:`MAX_IN_PROCESS_BATCH`, so one interrupted call moves a
     repetition's mean, not its median."""
     if any(o.worker_s is None or o.worker_s <= 0 for o in incumbent):
-        per_call = statistics.median(o.elapsed_s for o in incumbent) if incumbent else 0.0
+        per_call = statistics.median(o.elapsed_s for o in batched or incumbent) if incumbent else 0.0
         if per_call <= 0:
             return 1
         return max(1, min(MAX_IN_PROCESS_BATCH, math.ceil(MIN_REPETITION_S / per_call)))
-    work = statistics.median(o.worker_s for o in incumbent)  # type: ignore[misc]
+    work = statistics.median(o.worker_s for o in batched or incumbent)  # type: ignore[misc]
     overhead = max(0.0, statistics.median(o.elapsed_s - o.worker_s for o in incumbent))  # type: ignore[operator]
-    return max(1, min(MAX_BATCH, math.ceil(overhead / (ROUNDTRIP_SHARE * work))))
+    return max(1, min(MAX_BATCH, math.ceil(overhead / (ROUNDTRIP_SHARE * max(work, 1e-9)))))
 
 
 def batch_cap(candidate: CallObservation, incumbent: CallObservation, set_bytes: int) -> int:
@@ -206,16 +208,26 @@ def time_profile(run: Any, plan: TimingPlan) -> None:
     batch = _Batch(run, trusted, inc_prepared)
     traffic: dict[int, Any] = {}
     first: dict[str, CallObservation] = {}
-    # the batch size, from the incumbent's single calls before the plan's pairs (trusted code, unchecked)
+    # the batch size, from the incumbent (trusted code, unchecked) before the plan's pairs: single
+    # calls for the request's own cost, then batches of the size they suggest for the work per call
     run.runner.freeze()
     try:
-        seen = []
-        for _ in range(CALIBRATION_CALLS):
-            observations, mean = trusted.call_batch(incumbent, batch.incumbent_args(), check_retention=False)
-            if observations[-1].error:
-                raise RunnerError(f"the incumbent failed: {observations[-1].error.strip().splitlines()[-1]}")
-            seen.append(_batch_observation(observations, mean))
-        size = batch_size(seen)
+        single: list[CallObservation] = []
+        batched: list[CallObservation] | None = None
+        for _ in range(2):
+            for _ in range(CALIBRATION_CALLS):  # made as a timed step is: staged, stopped, woken, run
+                one = trusted.stage_batch(incumbent, batch.incumbent_args(), check_retention=False)
+                trusted.freeze()
+                trusted.run_staged(one)
+                observations, mean = trusted.finish_batch(one)
+                if observations[-1].error:
+                    raise RunnerError(f"the incumbent failed: {observations[-1].error.strip().splitlines()[-1]}")
+                (single if batched is None else batched).append(_batch_observation(observations, mean))
+            size = batch_size(single, batched)
+            if batched is not None or size == 1:
+                break
+            batched = []
+            batch.grow(max(1, min(size, MAX_BATCH_BYTES // max(1, batch.set_bytes()))))
     except RunnerError as exc:
         run.runner.thaw()
         run.result.record(Check.RAISED, FAIL, f"timing: {exc}")
