@@ -35,7 +35,7 @@ from pathlib import Path
 ISA_NAMES = ("portable", "avx2", "avx512", "avx512bf16")
 _SRC_DIR = Path(__file__).resolve().parent
 _SOURCES = ("ks_native.h", "ks_kernels.c", "ks_native.c", "ks_pool.c", "ks_fp4_avx2.c", "ks_mxint_avx2.c", "ks_fp8_avx2.c",
-            "ks_block.c", "ks_probe.c")
+            "ks_mxint_avx512.c", "ks_block.c", "ks_probe.c")
 _COMMON = ["-O3", "-fPIC", "-std=gnu11", "-fno-strict-aliasing", "-fvisibility=default"]
 _X86_FLAGS = {
     0: [],
@@ -77,6 +77,7 @@ def _objects(x86: bool) -> list[tuple[str, list[str]]]:
             ("ks_kernels.c", ["-DKS_ISA=0"])]
     if x86:
         objs += [("ks_fp4_avx2.c", _X86_FLAGS[1]), ("ks_mxint_avx2.c", _X86_FLAGS[1]), ("ks_fp8_avx2.c", _X86_FLAGS[1]),
+                 ("ks_mxint_avx512.c", [*_X86_FLAGS[2], "-mavx512vnni"]),
                  ("ks_kernels.c", ["-DKS_ISA=1", *_X86_FLAGS[1]]),
                  ("ks_kernels.c", ["-DKS_ISA=2", *_X86_FLAGS[2]]),
                  ("ks_kernels.c", ["-DKS_ISA=3", *_X86_FLAGS[3]])]
