@@ -549,13 +549,12 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
 #endif
 /* MXFP4 on the MX path with AVX512_VNNI (ks_mxint_avx512.c): ntl <= 4 consecutive tiles at once,
  * lane = row; out[(4q + r) * n + t].  Small groups decode in registers, 2 tokens per pass; larger
- * ones decode the group once into the thread's scratch and run every token over it.  Both sum
+ * ones decode each L1 chunk of the group once into the thread's scratch and run every token over it.  Both sum
  * every (row, token) in the same order: the bits do not depend on n. */
 static void group_tiles16(const uint8_t *tp, int64_t stride, int ntl, int nkb, const group_x *gx, int n, float *out) {
-    void *buf = n > KS_VNNI_FUSED_MAX ? scratch((ks_mxint16_scratch_bytes(nkb) + sizeof(float) - 1) / sizeof(float)) : NULL;
+    void *buf = n > KS_VNNI_FUSED_MAX ? scratch((ks_mxint16_scratch_bytes() + sizeof(float) - 1) / sizeof(float)) : NULL;
     if (buf) {
-        ks_mxint16_decode_avx512(tp, stride, ntl, nkb, buf);
-        ks_mxint16_dot_avx512(n, buf, nkb, gx->xip, out);
+        ks_mxint16_batch_avx512(n, tp, stride, ntl, nkb, gx->xip, out, buf);
         return;
     }
     for (int lo = 0; lo < n; lo += 2)

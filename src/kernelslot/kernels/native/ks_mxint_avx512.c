@@ -42,7 +42,19 @@ INLINE __m512i w_table(void) {
 }
 
 /* The tile-block pointers of block kb (ntl < 4: missing tiles read as zero codes). */
-typedef struct { const uint8_t *p[4]; int ntl; } tiles4;
+typedef struct { const uint8_t *p[4]; int ntl; int64_t stride; } tiles4;
+
+/* Software prefetch of each tile's stream KS_PF bytes ahead of block kb; past its tile's end the
+ * stream continues in the same tile of the next group (4 tiles on), which is what it reads next
+ * (4 KB ahead in address order would land in the next tile of this group, already being read). */
+INLINE void prefetch_blocks(const tiles4 *t, int kb) {
+    int64_t off = (int64_t)kb * BLK + KS_PF;
+    if (off >= t->stride - 64) off += 3 * t->stride;
+    for (int q = 0; q < t->ntl; ++q) {
+        _mm_prefetch((const char *)(t->p[q] + off), _MM_HINT_T0);
+        _mm_prefetch((const char *)(t->p[q] + off + 64), _MM_HINT_T0);
+    }
+}
 
 INLINE __m512i load_codes(const tiles4 *t, int q, int kb) {
     return q < t->ntl ? _mm512_loadu_si512((const void *)(t->p[q] + (int64_t)kb * BLK)) : _mm512_setzero_si512();
@@ -105,12 +117,16 @@ INLINE uint32_t lo_bits(const uint8_t *f, int n) {
     const __mmask32 m = n >= 32 ? ~0u : (1u << n) - 1;
     return (uint32_t)_mm256_mask_test_epi8_mask(m, _mm256_maskz_loadu_epi8(m, f), _mm256_set1_epi8(-1));
 }
-#define FOR_LO_BLOCKS(x, nkb, kb, BODY)                                            \
-    for (int c0_ = 0; c0_ < (nkb); c0_ += 32)                                     \
-        for (uint32_t m_ = lo_bits((x)->has_lo + c0_, (nkb) - c0_); m_; m_ &= m_ - 1) { \
-            const int kb = c0_ + __builtin_ctz(m_);                               \
-            BODY                                                                  \
-        }
+/* Run BODY with kb = every block in [kb0, kb0 + nb) (nb <= 32) whose lo plane is used, ascending. */
+#define FOR_LO_BLOCKS(x, kb0, nb, kb, BODY)                                        \
+    for (uint32_t m_ = lo_bits((x)->has_lo + (kb0), (nb)); m_; m_ &= m_ - 1) {    \
+        const int kb = (kb0) + __builtin_ctz(m_);                                 \
+        BODY                                                                      \
+    }
+
+#ifndef KS_VNNI_KC
+#define KS_VNNI_KC 16 /* blocks per chunk (<= 32): the summation order's unit, and decode-once's L1 chunk (17 KB) */
+#endif
 
 INLINE void store_rows(__m512 acc, float *res, int ld, int t) {
     float v[16] __attribute__((aligned(64)));
@@ -118,9 +134,11 @@ INLINE void store_rows(__m512 acc, float *res, int ld, int t) {
     for (int i = 0; i < 16; ++i) res[i * ld + t] = v[i];
 }
 
-/* Block kb decoded in registers against nt tokens' plane (lo = 0: hi, 1: lo); s[t] = block sums. */
+/* Block kb decoded in registers against nt tokens' plane (lo = 0: hi, 1: lo); s[t] = block sums.
+ * Each token's sum runs as 4 independent chains (one per m; vpdpwssd's latency would bound one
+ * chain of 16), added at the end: integer, exact, so the order is immaterial. */
 INLINE void fused_block(const int nt, __m512i tab, const tiles4 *t, int kb, const tok *x, int lo, __m512i *s) {
-    __m512i D[4];
+    __m512i D[4], c[2][4];
     transpose(t, kb, D);
 #pragma GCC unroll 4
     for (int m = 0; m < 4; ++m) {
@@ -129,12 +147,14 @@ INLINE void fused_block(const int nt, __m512i tab, const tiles4 *t, int kb, cons
 #pragma GCC unroll 2
         for (int k = 0; k < nt; ++k) {
             const int16_t *p = (lo ? x[k].lo : x[k].hi) + 32 * kb;
-            s[k] = dpw(m == 0 ? _mm512_setzero_si512() : s[k], v[0], p, m);
-            s[k] = dpw(s[k], v[1], p, 4 + m);
-            s[k] = dpw(s[k], v[2], p, 8 + m);
-            s[k] = dpw(s[k], v[3], p, 12 + m);
+            c[k][m] = dpw(_mm512_setzero_si512(), v[0], p, m);
+            c[k][m] = dpw(c[k][m], v[1], p, 4 + m);
+            c[k][m] = dpw(c[k][m], v[2], p, 8 + m);
+            c[k][m] = dpw(c[k][m], v[3], p, 12 + m);
         }
     }
+    for (int k = 0; k < nt; ++k)
+        s[k] = _mm512_add_epi32(_mm512_add_epi32(c[k][0], c[k][1]), _mm512_add_epi32(c[k][2], c[k][3]));
 }
 
 /* Decode fused with the dot for nt (1 or 2) tokens: res[i * ld + t], i = 4q + r. */
@@ -144,28 +164,27 @@ INLINE void fused(const int nt, const tiles4 *t, int nkb, const ks_mxplanes *con
     for (int k = 0; k < nt; ++k) x[k] = tok_of(xp[k]);
     __m512 acc[2];
     for (int k = 0; k < nt; ++k) acc[k] = _mm512_setzero_ps();
-    for (int kb = 0; kb < nkb; ++kb) {
-        for (int q = 0; q < t->ntl; ++q) {
-            _mm_prefetch((const char *)(t->p[q] + (int64_t)kb * BLK + KS_PF), _MM_HINT_T0);
-            _mm_prefetch((const char *)(t->p[q] + (int64_t)kb * BLK + KS_PF + 64), _MM_HINT_T0);
+    for (int kb0 = 0; kb0 < nkb; kb0 += KS_VNNI_KC) {
+        const int nb = nkb - kb0 < KS_VNNI_KC ? nkb - kb0 : KS_VNNI_KC;
+        for (int kb = kb0; kb < kb0 + nb; ++kb) {
+            prefetch_blocks(t, kb);
+            __m512i s[2];
+            fused_block(nt, tab, t, kb, x, 0, s);
+            const __m512 ws = row_scales(t, kb);
+            for (int k = 0; k < nt; ++k) acc[k] = add_block(acc[k], s[k], ws, x[k].scale + 2 * kb);
         }
-        __m512i s[2];
-        fused_block(nt, tab, t, kb, x, 0, s);
-        const __m512 ws = row_scales(t, kb);
-        for (int k = 0; k < nt; ++k) acc[k] = add_block(acc[k], s[k], ws, x[k].scale + 2 * kb);
+        for (int k = 0; k < nt; ++k)
+            FOR_LO_BLOCKS(&x[k], kb0, nb, kb, {
+                __m512i s[1];
+                fused_block(1, tab, t, kb, &x[k], 1, s);
+                acc[k] = add_block(acc[k], s[0], row_scales(t, kb), x[k].scale + 2 * kb + 1);
+            })
     }
-    for (int k = 0; k < nt; ++k) {
-        FOR_LO_BLOCKS(&x[k], nkb, kb, {
-            __m512i s[1];
-            fused_block(1, tab, t, kb, &x[k], 1, s);
-            acc[k] = add_block(acc[k], s[0], row_scales(t, kb), x[k].scale + 2 * kb + 1);
-        })
-        store_rows(acc[k], res, ld, k);
-    }
+    for (int k = 0; k < nt; ++k) store_rows(acc[k], res, ld, k);
 }
 
 static tiles4 make_tiles(const uint8_t *tile0, int64_t stride, int ntl) {
-    tiles4 t = {{tile0, tile0, tile0, tile0}, ntl};
+    tiles4 t = {{tile0, tile0, tile0, tile0}, ntl, stride};
     for (int q = 0; q < ntl; ++q) t.p[q] = tile0 + q * stride;
     return t;
 }
@@ -180,17 +199,13 @@ void ks_mxint16_fused_avx512(int nt, const uint8_t *tile0, int64_t stride, int n
 /* The decoded group in the scratch: per block the 16 weight vectors (in kp order) and the scales. */
 typedef struct { __m512i v[16]; __m512 ws; } dec16;
 
-size_t ks_mxint16_scratch_bytes(int nkb) { return (size_t)nkb * sizeof(dec16); }
-
-void ks_mxint16_decode_avx512(const uint8_t *tile0, int64_t stride, int ntl, int nkb, void *buf) {
-    const tiles4 t = make_tiles(tile0, stride, ntl);
+/* Blocks [kb0, kb0 + nb) of the group into buf (o[0..nb)). */
+static void decode_chunk(const tiles4 *tp, int kb0, int nb, dec16 *o) {
+    const tiles4 t = *tp;
     const __m512i tab = w_table();
-    dec16 *o = (dec16 *)buf;
-    for (int kb = 0; kb < nkb; ++kb) {
-        for (int q = 0; q < ntl; ++q) {
-            _mm_prefetch((const char *)(t.p[q] + (int64_t)kb * BLK + KS_PF), _MM_HINT_T0);
-            _mm_prefetch((const char *)(t.p[q] + (int64_t)kb * BLK + KS_PF + 64), _MM_HINT_T0);
-        }
+    o -= kb0;
+    for (int kb = kb0; kb < kb0 + nb; ++kb) {
+        prefetch_blocks(&t, kb);
         __m512i D[4];
         transpose(&t, kb, D);
         for (int m = 0; m < 4; ++m) {
@@ -206,55 +221,83 @@ void ks_mxint16_decode_avx512(const uint8_t *tile0, int64_t stride, int ntl, int
 #define KS_VNNI_NB 4 /* tokens per pass over the decoded group: each weight-vector load serves them all */
 #endif
 
+/* The block sums of one token (4 chains, see fused_block). */
 INLINE __m512i dot16(const dec16 *d, const int16_t *p) {
-    __m512i a = _mm512_setzero_si512();
-#pragma GCC unroll 16
-    for (int kp = 0; kp < 16; ++kp) a = dpw(a, d->v[kp], p, kp);
-    return a;
+    __m512i a[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) a[c] = dpw(_mm512_setzero_si512(), d->v[c], p, c);
+#pragma GCC unroll 12
+    for (int kp = 4; kp < 16; ++kp) a[kp & 3] = dpw(a[kp & 3], d->v[kp], p, kp);
+    return _mm512_add_epi32(_mm512_add_epi32(a[0], a[1]), _mm512_add_epi32(a[2], a[3]));
 }
 
-/* The decoded group against nt <= KS_VNNI_NB tokens: res[i * ld + t]. */
-INLINE void buffered(const int nt, const dec16 *b, int nkb, const ks_mxplanes *const *xp, float *res, int ld) {
+#ifndef KS_VNNI_CHAINS
+#define KS_VNNI_CHAINS 2 /* independent int32 chains per token in a pass of KS_VNNI_NB tokens */
+#endif
+
+/* The decoded chunk b (blocks [kb0, kb0 + nb)) against nt <= KS_VNNI_NB tokens: accm[t] += it
+ * (the accumulators live in memory between chunks). */
+INLINE void buffered(const int nt, const dec16 *b, int kb0, int nb, const ks_mxplanes *const *xp, __m512 *accm) {
     tok x[KS_VNNI_NB];
     __m512 acc[KS_VNNI_NB];
-    for (int k = 0; k < nt; ++k) { x[k] = tok_of(xp[k]); acc[k] = _mm512_setzero_ps(); }
-    for (int kb = 0; kb < nkb; ++kb) {
+    for (int k = 0; k < nt; ++k) { x[k] = tok_of(xp[k]); acc[k] = accm[k]; }
+    b -= kb0;
+    for (int kb = kb0; kb < kb0 + nb; ++kb) {
         const dec16 *d = b + kb;
-        __m512i s[KS_VNNI_NB];
+        __m512i s[KS_VNNI_NB], c[KS_VNNI_NB][KS_VNNI_CHAINS];
 #pragma GCC unroll 4
-        for (int k = 0; k < nt; ++k) s[k] = _mm512_setzero_si512();
+        for (int k = 0; k < nt; ++k)
+#pragma GCC unroll 4
+            for (int j = 0; j < KS_VNNI_CHAINS; ++j) c[k][j] = _mm512_setzero_si512();
 #pragma GCC unroll 16
         for (int kp = 0; kp < 16; ++kp) {
             const __m512i w = _mm512_load_si512((const void *)&d->v[kp]);
 #pragma GCC unroll 4
-            for (int k = 0; k < nt; ++k) s[k] = dpw(s[k], w, x[k].hi + 32 * kb, kp);
+            for (int k = 0; k < nt; ++k) c[k][kp % KS_VNNI_CHAINS] = dpw(c[k][kp % KS_VNNI_CHAINS], w, x[k].hi + 32 * kb, kp);
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < nt; ++k) {
+            s[k] = c[k][0];
+#pragma GCC unroll 4
+            for (int j = 1; j < KS_VNNI_CHAINS; ++j) s[k] = _mm512_add_epi32(s[k], c[k][j]);
         }
         const __m512 ws = d->ws;
 #pragma GCC unroll 4
         for (int k = 0; k < nt; ++k) acc[k] = add_block(acc[k], s[k], ws, x[k].scale + 2 * kb);
     }
     for (int k = 0; k < nt; ++k) {
-        FOR_LO_BLOCKS(&x[k], nkb, kb, {
+        FOR_LO_BLOCKS(&x[k], kb0, nb, kb, {
             acc[k] = add_block(acc[k], dot16(b + kb, x[k].lo + 32 * kb), b[kb].ws, x[k].scale + 2 * kb + 1);
         })
-        store_rows(acc[k], res, ld, k);
+        accm[k] = acc[k];
     }
 }
 
-/* res[i * nt + t] (i = 4q + r, the 16 rows of the group) for any nt, in passes of KS_VNNI_NB. */
-void ks_mxint16_dot_avx512(int nt, const void *buf, int nkb, const ks_mxplanes *const *x, float *res) {
-    const dec16 *b = (const dec16 *)buf;
-    for (int lo = 0; lo < nt; lo += KS_VNNI_NB) {
-        const int n = nt - lo < KS_VNNI_NB ? nt - lo : KS_VNNI_NB;
-        switch (n) {
-        case 1: buffered(1, b, nkb, x + lo, res + lo, nt); break;
+size_t ks_mxint16_scratch_bytes(void) { return (size_t)KS_VNNI_KC * sizeof(dec16) + (size_t)KS_GROUP_MAX * sizeof(__m512); }
+
+/* Decode-once: each chunk of KS_VNNI_KC blocks of the group is decoded into the scratch (L1) and
+ * every token, KS_VNNI_NB per pass, runs over it; res[i * nt + t] (i = 4q + r). */
+void ks_mxint16_batch_avx512(int nt, const uint8_t *tile0, int64_t stride, int ntl, int nkb,
+                             const ks_mxplanes *const *x, float *res, void *scratch) {
+    const tiles4 t = make_tiles(tile0, stride, ntl);
+    dec16 *b = (dec16 *)scratch;
+    __m512 *acc = (__m512 *)(b + KS_VNNI_KC);
+    for (int k = 0; k < nt; ++k) acc[k] = _mm512_setzero_ps();
+    for (int kb0 = 0; kb0 < nkb; kb0 += KS_VNNI_KC) {
+        const int nb = nkb - kb0 < KS_VNNI_KC ? nkb - kb0 : KS_VNNI_KC;
+        decode_chunk(&t, kb0, nb, b);
+        for (int lo = 0; lo < nt; lo += KS_VNNI_NB) {
+            switch (nt - lo < KS_VNNI_NB ? nt - lo : KS_VNNI_NB) {
+            case 1: buffered(1, b, kb0, nb, x + lo, acc + lo); break;
 #if KS_VNNI_NB >= 3
-        case 3: buffered(3, b, nkb, x + lo, res + lo, nt); break;
+            case 3: buffered(3, b, kb0, nb, x + lo, acc + lo); break;
 #endif
 #if KS_VNNI_NB >= 4
-        case 4: buffered(4, b, nkb, x + lo, res + lo, nt); break;
+            case 4: buffered(4, b, kb0, nb, x + lo, acc + lo); break;
 #endif
-        default: buffered(2, b, nkb, x + lo, res + lo, nt); break;
+            default: buffered(2, b, kb0, nb, x + lo, acc + lo); break;
+            }
         }
     }
+    for (int k = 0; k < nt; ++k) store_rows(acc[k], res, nt, k);
 }

@@ -127,13 +127,13 @@ void ks_mxint_tile_decode_avx2(const uint8_t *tile, int nkb, void *buf);
 void ks_mxint_dot_avx2(int nt, const void *buf, int nkb, const ks_mxplanes *const *x, float *res);
 /* AVX-512 VNNI integer MX-path kernels for MXFP4 (ks_mxint_avx512.c; only where ks_vnni_supported()):
  * a group of ntl <= 4 consecutive tiles, stride bytes apart (16 rows, lane = row i = 4q + r);
- * results res[i * ld + t] (dot: ld = nt). */
+ * results res[i * ld + t] (batch: ld = nt). */
 int ks_vnni_supported(void);
 void ks_mxint16_fused_avx512(int nt, const uint8_t *tile0, int64_t stride, int ntl, int nkb,
                              const ks_mxplanes *const *x, float *res, int ld);       /* nt <= 2 */
-size_t ks_mxint16_scratch_bytes(int nkb);
-void ks_mxint16_decode_avx512(const uint8_t *tile0, int64_t stride, int ntl, int nkb, void *buf);
-void ks_mxint16_dot_avx512(int nt, const void *buf, int nkb, const ks_mxplanes *const *x, float *res);
+size_t ks_mxint16_scratch_bytes(void);  /* of the decode-once kernel (64-byte aligned) */
+void ks_mxint16_batch_avx512(int nt, const uint8_t *tile0, int64_t stride, int ntl, int nkb,
+                             const ks_mxplanes *const *x, float *res, void *scratch);  /* nt <= KS_GROUP_MAX */
 /* AVX2 FP8 kernels (ks_fp8_avx2.c); mx = 1 for MXFP8, 0 for FP8-row; xf rows from
  * ks_fp8_act_avx2; every result is the dot times 2^a of its activation row. */
 float ks_fp8_act_avx2(const float *x, int64_t n, float *xf);  /* permute, scale by 2^a; returns 2^-a */
