@@ -169,6 +169,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ks_isa_supported.argtypes = [c_int]
     lib.ks_best_isa.restype = c_int
     lib.ks_best_isa.argtypes = []
+    lib.ks_vnni_supported.restype = c_int
+    lib.ks_vnni_supported.argtypes = []
 
 
 def _load() -> _Loaded:
@@ -208,6 +210,12 @@ def loaded() -> _Loaded:
                 warnings.warn(f"kernelslot native CPU fast path is off ({_state.reason}); "
                               "using the torch path", RuntimeWarning, stacklevel=3)
     return _state
+
+
+def vnni_supported() -> bool:
+    """Whether the AVX-512 variants can run the VNNI integer MX path of MXFP4 (the CPU has AVX512_VNNI)."""
+    st = loaded()
+    return st.lib is not None and bool(st.lib.ks_vnni_supported())
 
 
 def isa_supported(isa: str) -> bool:
