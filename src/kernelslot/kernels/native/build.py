@@ -16,7 +16,8 @@ those bytes (from an anonymous memory file, so nothing can swap the file between
 
 Environment: ``KERNELSLOT_NATIVE=0`` turns the fast path off; ``KERNELSLOT_NATIVE_ISA`` =
 ``portable`` | ``avx2`` | ``avx512`` | ``avx512bf16`` forces the default instruction set (it must be supported
-by the CPU). If anything fails the package keeps working on its torch paths and warns once.
+by the CPU); ``KERNELSLOT_NATIVE_VNNI_MX=0`` keeps the AVX-512 variants off the VNNI integer MX path
+of MXFP4 (read per call). If anything fails the package keeps working on its torch paths and warns once.
 """
 from __future__ import annotations
 
