@@ -420,7 +420,7 @@ def decode_cycles(gen: torch.Generator, iters: int, formats=CYCLE_FORMATS) -> li
             c = Case("hot", base, 1, n, n, 1, 1, mx_path=base in ("mxfp4", "mxfp8"), gauss=fmt.endswith("-gauss"))
             preps[n] = prepare_native_experts(random_experts(c, gen))
             prep_mx[id(preps[n])] = c.mx_path
-        for T in (1, 2, 8, 16):
+        for T in (1, 2, 4, 8, 16):
             t1, t2 = best(preps[1024], T, 1024), best(preps[2048], T, 2048)
             blocks1, blocks2 = 3 * 1024 * 1024 / 32, 3 * 2048 * 2048 / 32
             ns, marg = t1 / blocks1 * 1e9, (t2 - t1) / (blocks2 - blocks1) * 1e9

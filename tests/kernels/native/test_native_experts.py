@@ -517,6 +517,43 @@ def test_avx2_integer_mx_path_is_exact_and_independent_of_batch():
 
 
 AVX512_ISAS = [isa for isa in ("avx512", "avx512bf16") if isa in ISAS]
+VNNI_ISAS = AVX512_ISAS if AVAILABLE and build.vnni_supported() else []
+
+
+@pytest.mark.skipif(not VNNI_ISAS, reason="needs AVX-512 F/BW/VL/DQ with AVX512_VNNI (this CPU lacks it)")
+@pytest.mark.parametrize("h,i", ((96, 64), (1088, 160)))
+def test_avx512_vnni_mx_path_is_exact_and_independent_of_batch(monkeypatch, h, i):
+    """MXFP4 on the MX path with AVX512_VNNI (16 rows per kernel, lane = row): exact int16
+    planes x E2M1 integers, including lo-plane blocks (tiny activations, and the SwiGLU
+    intermediate's); the portable kernel's numbers up to fp32 summation order; a token gives the
+    same bits alone, with one other (fused), or in decode-once groups of 3, 5, 9 and 17, with 1
+    and 2 threads; both AVX-512 variants the same bits.  H = 96: a down item of 8 tiles (two
+    16-row groups); H = 1088: 34 blocks, two full chunks of 16 and a partial one."""
+    monkeypatch.setenv("KERNELSLOT_NATIVE_BF16_MX", "0")  # avx512bf16 on AMD would take the bf16 MX path
+    monkeypatch.setenv("KERNELSLOT_NATIVE_VNNI_MX", "1")
+    gen = torch.Generator().manual_seed(9)
+    w, gu, dn = _make_experts("mxfp4", gen, True, h, i)
+    prep = prepare_native_experts(w)
+    x = torch.randn(17, h, generator=gen)
+    x[:, 5] = 1e-4  # a tiny element in a block: its E4M3 value has bits below 2^-6 (the lo plane)
+    ids, wts = torch.tensor([[1, 3, 4]] * 17), torch.rand(17, K, generator=gen)
+
+    def run(isa, T, threads, vnni="1"):
+        monkeypatch.setenv("KERNELSLOT_NATIVE_VNNI_MX", vnni)
+        out = torch.zeros(T, h)
+        expert_mlp_native(x[:T], ids[:T], wts[:T], prep, ACTS["swigluoai"], True, True, out, isa=isa,
+                          num_threads=threads)
+        return out
+    ref = run("portable", 17, 2).double()
+    full = {isa: run(isa, 17, 2) for isa in VNNI_ISAS}
+    for isa in VNNI_ISAS:
+        assert ((full[isa].double() - ref).norm() / ref.norm()).item() < 1e-6, isa
+        fp32 = run(isa, 17, 2, vnni="0").double()  # the fp32 kernels: another summation order only
+        assert ((fp32 - ref).norm() / ref.norm()).item() < 1e-6, isa
+        for T in (1, 2, 3, 5, 9):
+            for threads in (1, 2):
+                assert torch.equal(run(isa, T, threads), full[isa][:T]), (isa, T, threads)
+    assert all(torch.equal(full[VNNI_ISAS[0]], o) for o in full.values())
 
 
 @pytest.mark.skipif(not AVX512_ISAS, reason="needs AVX-512 F/BW/VL/DQ (this CPU lacks it)")

@@ -16,7 +16,8 @@ those bytes (from an anonymous memory file, so nothing can swap the file between
 
 Environment: ``KERNELSLOT_NATIVE=0`` turns the fast path off; ``KERNELSLOT_NATIVE_ISA`` =
 ``portable`` | ``avx2`` | ``avx512`` | ``avx512bf16`` forces the default instruction set (it must be supported
-by the CPU). If anything fails the package keeps working on its torch paths and warns once.
+by the CPU); ``KERNELSLOT_NATIVE_VNNI_MX=0`` keeps the AVX-512 variants off the VNNI integer MX path
+of MXFP4 (read per call). If anything fails the package keeps working on its torch paths and warns once.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from pathlib import Path
 ISA_NAMES = ("portable", "avx2", "avx512", "avx512bf16")
 _SRC_DIR = Path(__file__).resolve().parent
 _SOURCES = ("ks_native.h", "ks_kernels.c", "ks_native.c", "ks_pool.c", "ks_fp4_avx2.c", "ks_mxint_avx2.c", "ks_fp8_avx2.c",
-            "ks_block.c", "ks_probe.c")
+            "ks_mxint_avx512.c", "ks_block.c", "ks_probe.c")
 _COMMON = ["-O3", "-fPIC", "-std=gnu11", "-fno-strict-aliasing", "-fvisibility=default"]
 _X86_FLAGS = {
     0: [],
@@ -77,6 +78,7 @@ def _objects(x86: bool) -> list[tuple[str, list[str]]]:
             ("ks_kernels.c", ["-DKS_ISA=0"])]
     if x86:
         objs += [("ks_fp4_avx2.c", _X86_FLAGS[1]), ("ks_mxint_avx2.c", _X86_FLAGS[1]), ("ks_fp8_avx2.c", _X86_FLAGS[1]),
+                 ("ks_mxint_avx512.c", [*_X86_FLAGS[2], "-mavx512vnni"]),
                  ("ks_kernels.c", ["-DKS_ISA=1", *_X86_FLAGS[1]]),
                  ("ks_kernels.c", ["-DKS_ISA=2", *_X86_FLAGS[2]]),
                  ("ks_kernels.c", ["-DKS_ISA=3", *_X86_FLAGS[3]])]
@@ -168,6 +170,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ks_isa_supported.argtypes = [c_int]
     lib.ks_best_isa.restype = c_int
     lib.ks_best_isa.argtypes = []
+    lib.ks_vnni_supported.restype = c_int
+    lib.ks_vnni_supported.argtypes = []
 
 
 def _load() -> _Loaded:
@@ -207,6 +211,12 @@ def loaded() -> _Loaded:
                 warnings.warn(f"kernelslot native CPU fast path is off ({_state.reason}); "
                               "using the torch path", RuntimeWarning, stacklevel=3)
     return _state
+
+
+def vnni_supported() -> bool:
+    """Whether the AVX-512 variants can run the VNNI integer MX path of MXFP4 (the CPU has AVX512_VNNI)."""
+    st = loaded()
+    return st.lib is not None and bool(st.lib.ks_vnni_supported())
 
 
 def isa_supported(isa: str) -> bool:

@@ -343,8 +343,8 @@ static void tile_dot_bf16_any(int nt, const uint8_t *tile, int nkb, const uint16
 }
 #endif
 
-#if KS_ISA == 1
-/* A thread's scratch for the AVX2 FP4 / integer decoded tiles (grown on demand, kept for the thread's lifetime). */
+#if KS_ISA >= 1
+/* A thread's scratch for the AVX2 FP4 / integer and AVX-512 VNNI decoded tiles (grown on demand, kept for the thread's lifetime). */
 static __thread float *tl_buf;
 static __thread size_t tl_cap;
 
@@ -543,6 +543,29 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
 #undef SCATTER
 }
 
+#if KS_ISA >= 2
+#ifndef KS_VNNI_FUSED_MAX
+#define KS_VNNI_FUSED_MAX 2 /* the largest group the VNNI kernels run fused (decode in registers) */
+#endif
+/* MXFP4 on the MX path with AVX512_VNNI (ks_mxint_avx512.c): ntl <= 4 consecutive tiles at once,
+ * lane = row; out[(4q + r) * n + t].  Small groups decode in registers, 2 tokens per pass; larger
+ * ones decode each L1 chunk of the group once into the thread's scratch and run every token over it.  Both sum
+ * every (row, token) in the same order: the bits do not depend on n. */
+static void group_tiles16(const uint8_t *tp, int64_t stride, int ntl, int nkb, const group_x *gx, int n, float *out) {
+    void *buf = n > KS_VNNI_FUSED_MAX ? scratch((ks_mxint16_scratch_bytes() + sizeof(float) - 1) / sizeof(float)) : NULL;
+    if (buf) {
+        ks_mxint16_batch_avx512(n, tp, stride, ntl, nkb, gx->xip, out, buf);
+        return;
+    }
+    for (int lo = 0; lo < n; lo += 2)
+        ks_mxint16_fused_avx512(n - lo < 2 ? n - lo : 2, tp, stride, ntl, nkb, gx->xip + lo, out + lo, n);
+}
+#define GROUP_TILES(g16, tp, stride, nq, nkb, gx, n, res, FMT) \
+    do { if (g16) group_tiles16(tp, stride, nq, nkb, gx, n, res); else group_tile(FMT, tp, nkb, gx, n, res); } while (0)
+#else
+#define GROUP_TILES(g16, tp, stride, nq, nkb, gx, n, res, FMT) group_tile(FMT, tp, nkb, gx, n, res)
+#endif
+
 /* Work items, taken from the phase's counter by whichever thread is free: gate/up items are
  * (group, KS_GU_ITEM blocks of 32 I-elements), down items KS_DN_ITEM tiles of H rows across all
  * groups (so no two threads add to the same output element).  An element is computed by the
@@ -558,7 +581,8 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
     const int H = ex->hidden, I = ex->inter, nkb = H / KS_KBLOCK;
     const int nblk = I / KS_KBLOCK, per_group = (nblk + KS_GU_ITEM - 1) / KS_GU_ITEM;
     group_x gx;
-    float res[R * KS_GROUP_MAX];
+    float res[4 * R * KS_GROUP_MAX];
+    const int g16 = KS_ISA >= 2 && c->xi != NULL; /* VNNI MX path: 4 tiles per kernel call */
     for (int it; (it = next_item(c)) < c->num_groups * per_group;) {
         const int g = it / per_group, b0 = it % per_group * KS_GU_ITEM;
         const int t0 = b0 * (KS_KBLOCK / 2), t1 = (b0 + KS_GU_ITEM < nblk ? b0 + KS_GU_ITEM : nblk) * (KS_KBLOCK / 2);
@@ -570,16 +594,21 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
         const float outer = ex->gu_outer ? ex->gu_outer[e] : 1.0f;
         const act_rows src = {c->x, c->xd, c->xb, c->xi, c->xf, c->xf_unscale, H};
         for (int t = 0; t < n; ++t) set_row(&gx, t, &src, c->pair_token[gr->first + t]);
-        for (int tile = t0; tile < t1; ++tile) {
-            group_tile(ex->format, base + (int64_t)tile * ex->gu_tile_stride, nkb, &gx, n, res);
-            for (int p = 0; p < 2; ++p) {
-                const int i = 2 * tile + p;
-                float sg = outer, su = outer;
-                if (rs) { sg *= rs[i]; su *= rs[I + i]; }
-                for (int t = 0; t < n; ++t) {
-                    float gv = res[(2 * p) * n + t] * sg, uv = res[(2 * p + 1) * n + t] * su;
-                    if (bias) { gv += bias[i]; uv += bias[I + i]; }
-                    c->inter[(int64_t)(gr->first + t) * I + i] = ks_apply_act(c->act, gv, uv);
+        for (int tile0 = t0; tile0 < t1; tile0 += g16 ? 4 : 1) {
+            const int nq = g16 ? (t1 - tile0 < 4 ? t1 - tile0 : 4) : 1;
+            GROUP_TILES(g16, base + (int64_t)tile0 * ex->gu_tile_stride, ex->gu_tile_stride, nq, nkb, &gx, n, res, ex->format);
+            for (int q = 0; q < nq; ++q) {
+                const int tile = tile0 + q;
+                const float *rq = res + q * R * n;
+                for (int p = 0; p < 2; ++p) {
+                    const int i = 2 * tile + p;
+                    float sg = outer, su = outer;
+                    if (rs) { sg *= rs[i]; su *= rs[I + i]; }
+                    for (int t = 0; t < n; ++t) {
+                        float gv = rq[(2 * p) * n + t] * sg, uv = rq[(2 * p + 1) * n + t] * su;
+                        if (bias) { gv += bias[i]; uv += bias[I + i]; }
+                        c->inter[(int64_t)(gr->first + t) * I + i] = ks_apply_act(c->act, gv, uv);
+                    }
                 }
             }
         }
@@ -603,7 +632,8 @@ void SUFFIX(ks_down)(const ks_call *c, int tid, int nth) {
     const ks_experts *ex = c->ex;
     const int H = ex->hidden, I = ex->inter, nkb = I / KS_KBLOCK, ntiles = H / R;
     group_x gx;
-    float res[R * KS_GROUP_MAX];
+    float res[4 * R * KS_GROUP_MAX];
+    const int g16 = KS_ISA >= 2 && c->inter_i != NULL; /* VNNI MX path: 4 tiles per kernel call */
     for (int it; (it = next_item(c)) * KS_DN_ITEM < ntiles;) {
         const int t0 = it * KS_DN_ITEM, t1 = t0 + KS_DN_ITEM < ntiles ? t0 + KS_DN_ITEM : ntiles;
         for (int g = 0; g < c->num_groups; ++g) {
@@ -615,10 +645,11 @@ void SUFFIX(ks_down)(const ks_call *c, int tid, int nth) {
             const float outer = ex->dn_outer ? ex->dn_outer[e] : 1.0f;
             const act_rows src = {c->inter, c->inter_d, c->inter_b, c->inter_i, c->inter_f, c->inter_f_unscale, I};
             for (int t = 0; t < n; ++t) set_row(&gx, t, &src, gr->first + t);
-            for (int tile = t0; tile < t1; ++tile) {
-                group_tile(ex->format, base + (int64_t)tile * ex->dn_tile_stride, nkb, &gx, n, res);
-                for (int r = 0; r < R; ++r) {
-                    const int h = R * tile + r;
+            for (int tile0 = t0; tile0 < t1; tile0 += g16 ? 4 : 1) {
+                const int nq = g16 ? (t1 - tile0 < 4 ? t1 - tile0 : 4) : 1;
+                GROUP_TILES(g16, base + (int64_t)tile0 * ex->dn_tile_stride, ex->dn_tile_stride, nq, nkb, &gx, n, res, ex->format);
+                for (int r = 0; r < R * nq; ++r) { /* row r of the group: tile tile0 + r / 4 */
+                    const int h = R * tile0 + r;
                     const float s = rs ? outer * rs[h] : outer;
                     for (int t = 0; t < n; ++t) {
                         const int pi = gr->first + t;

@@ -134,8 +134,8 @@ void ks_mxfp8_planes(const float *x, float *y, ks_mxplanes p, int64_t n) {
             lo[pos] = (int16_t)(a - 8 * h);
             any |= a - 8 * h;
         }
-        p.scale[2 * b] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 142);
-        p.scale[2 * b + 1] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 145);
+        p.scale[2 * b] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 134 - p.w_log2);
+        p.scale[2 * b + 1] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 137 - p.w_log2);
         p.has_lo[b] = any != 0;
     }
 }
@@ -175,6 +175,24 @@ static int bf16_mx_path_wanted(void) {
     if (v && (v[0] == '0' || v[0] == '1') && !v[1]) return v[0] == '1';
 #if defined(__x86_64__)
     return __builtin_cpu_is("amd");
+#else
+    return 0;
+#endif
+}
+
+/* Whether the AVX-512 variants run MXFP4 on the MX path with the VNNI integer kernels
+ * (ks_mxint_avx512.c) where the CPU has AVX512_VNNI and the bf16 MX path is not chosen;
+ * KERNELSLOT_NATIVE_VNNI_MX=0 turns them off (the fp32 kernels on the q-dq activations run
+ * instead; read per call: tests and A/B runs switch it). */
+static int vnni_mx_wanted(void) {
+    const char *v = getenv("KERNELSLOT_NATIVE_VNNI_MX");
+    return !(v && v[0] == '0' && !v[1]);
+}
+
+int ks_vnni_supported(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni");
 #else
     return 0;
 #endif
@@ -264,8 +282,9 @@ static void task_main(void *arg, int tid, int nth) {
 /* Run one phase on nth threads of the pool (ks_pool.c); returns when every slice is done. */
 static void run_phase(ks_task proto, int nth) { ks_pool_run(task_main, &proto, nth); }
 
-/* Planes buffer of n elements (n % 32 == 0); 0 or -1. */
-static int planes_alloc(ks_mxplanes *p, int64_t n) {
+/* Planes buffer of n elements (n % 32 == 0) for kernels whose integer weights carry 2^w_log2; 0 or -1. */
+static int planes_alloc(ks_mxplanes *p, int64_t n, int w_log2) {
+    p->w_log2 = w_log2;
     p->hi = malloc(sizeof(int16_t) * (size_t)(n + 1));
     p->lo = malloc(sizeof(int16_t) * (size_t)(n + 1));
     p->scale = malloc(sizeof(float) * (size_t)(n / 16 + 1));
@@ -306,7 +325,9 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
                           bf16_mx_path_wanted();
     uint16_t *xb = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * T * ex->hidden + 1)) : NULL;
     uint16_t *inter_b = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
-    const int mxint_path = isa == KS_ISA_AVX2 && quant_act && ex->format == KS_MXFP4;
+    const int avx512 = isa == KS_ISA_AVX512 || isa == KS_ISA_AVX512BF16;
+    const int mxint_path = quant_act && ex->format == KS_MXFP4 &&
+                           (isa == KS_ISA_AVX2 || (avx512 && !bf16_path && ks_vnni_supported() && vnni_mx_wanted()));
     const int fp4pair_path = isa == KS_ISA_AVX2 && !mxint_path && (ex->format == KS_MXFP4 || ex->format == KS_NVFP4);
     const int fp8_path = isa == KS_ISA_AVX2 && (ex->format == KS_FP8ROW || ex->format == KS_MXFP8);
     float *xf = fp8_path ? malloc(sizeof(float) * (size_t)(T * ex->hidden + T + 1)) : NULL;
@@ -319,7 +340,8 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
         rc = -3;
         goto done;
     }
-    if (mxint_path && (planes_alloc(&xi, T * ex->hidden) || planes_alloc(&ii, P_max * ex->inter))) { rc = -3; goto done; }
+    const int w_log2 = isa == KS_ISA_AVX2 ? 8 : 0; /* AVX2 words 256·W, VNNI W */
+    if (mxint_path && (planes_alloc(&xi, T * ex->hidden, w_log2) || planes_alloc(&ii, P_max * ex->inter, w_log2))) { rc = -3; goto done; }
 
     /* Counting sort of the routed pairs by expert, token order kept inside an expert. */
     for (int64_t p = 0; p < P_max; ++p) if (ids[p] >= 0) count[ids[p] + 1]++;

@@ -57,19 +57,20 @@ typedef struct {
     int32_t count;       /* number of pairs (tokens) */
 } ks_group;
 
-/* MXFP8 activations as exact int16 planes (ks_mxfp8_planes; AVX2 MX path of MXFP4): per row of
+/* MXFP8 activations as exact int16 planes (ks_mxfp8_planes; the integer MX path of MXFP4, AVX2 and AVX-512 VNNI): per row of
  * n elements, hi / lo hold n int16: per 32-block the element groups {0,2..14} {1,3..15}
- * {16,18..30} {17,19..31}, with 512·r = 8·hi + lo for each E4M3 value r; per block the fp32 scales 2^(sb-142) and
- * 2^(sb-145) (NaN for sb = 0xFF) and a byte: lo non-zero. */
+ * {16,18..30} {17,19..31}, with 512·r = 8·hi + lo for each E4M3 value r; per block the fp32 scales 2^(sb-134-w_log2) and
+ * 2^(sb-137-w_log2) (NaN for sb = 0xFF) and a byte: lo non-zero. */
 typedef struct {
     int16_t *hi, *lo;
-    float *scale;     /* 2 per block */
+    float *scale;     /* 2 per block: 2^(sb-134-w_log2) (hi), 2^(sb-137-w_log2) (lo) */
     uint8_t *has_lo;  /* 1 per block */
+    int32_t w_log2;   /* log2 of the factor the kernel's integer weights carry: 8 (AVX2, words 256·W), 0 (VNNI, W) */
 } ks_mxplanes;
 
 /* Row `row` (of n elements each) of a planes buffer. */
 static inline ks_mxplanes ks_planes_row(const ks_mxplanes *b, int64_t row, int64_t n) {
-    ks_mxplanes r = {b->hi + row * n, b->lo + row * n, b->scale + row * (n / 16), b->has_lo + row * (n / 32)};
+    ks_mxplanes r = {b->hi + row * n, b->lo + row * n, b->scale + row * (n / 16), b->has_lo + row * (n / 32), b->w_log2};
     return r;
 }
 
@@ -124,6 +125,15 @@ void ks_mxint_tile_fused_avx2(int nt, const uint8_t *tile, int nkb, const ks_mxp
 size_t ks_mxint_scratch_bytes(int nkb);
 void ks_mxint_tile_decode_avx2(const uint8_t *tile, int nkb, void *buf);
 void ks_mxint_dot_avx2(int nt, const void *buf, int nkb, const ks_mxplanes *const *x, float *res);
+/* AVX-512 VNNI integer MX-path kernels for MXFP4 (ks_mxint_avx512.c; only where ks_vnni_supported()):
+ * a group of ntl <= 4 consecutive tiles, stride bytes apart (16 rows, lane = row i = 4q + r);
+ * results res[i * ld + t] (batch: ld = nt). */
+int ks_vnni_supported(void);
+void ks_mxint16_fused_avx512(int nt, const uint8_t *tile0, int64_t stride, int ntl, int nkb,
+                             const ks_mxplanes *const *x, float *res, int ld);       /* nt <= 2 */
+size_t ks_mxint16_scratch_bytes(void);  /* of the decode-once kernel (64-byte aligned) */
+void ks_mxint16_batch_avx512(int nt, const uint8_t *tile0, int64_t stride, int ntl, int nkb,
+                             const ks_mxplanes *const *x, float *res, void *scratch);  /* nt <= KS_GROUP_MAX */
 /* AVX2 FP8 kernels (ks_fp8_avx2.c); mx = 1 for MXFP8, 0 for FP8-row; xf rows from
  * ks_fp8_act_avx2; every result is the dot times 2^a of its activation row. */
 float ks_fp8_act_avx2(const float *x, int64_t n, float *xf);  /* permute, scale by 2^a; returns 2^-a */
