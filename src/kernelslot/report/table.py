@@ -36,7 +36,7 @@ def _metric(result: ProfileResult) -> str:
         text = "cand " + ms("candidate")
         if "incumbent_s" in t:
             text += f" inc {ms('incumbent')}" + (f" x{t['speedup']:.2f}" if "speedup" in t else "") \
-                + (" (noise: IQRs overlap)" if t.get("noise") and "speedup" in t else "")
+                + (" (noise: the pair ratios bracket 1)" if t.get("noise") and "speedup" in t else "")
         if "floor_s" in t:
             text += f" floor {t['floor_s'] * 1e6:.3g}us" + (" IMPOSSIBLE (below the physics floor)" if t.get("impossible") else "")
         if "candidate_roundtrip_s" in t:
