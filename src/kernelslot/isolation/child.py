@@ -168,7 +168,7 @@ class _Worker:
         from outside by the executor at audits (isolation/executor.py), and two snapshots cost ~0.25 ms.
         So does a timed batch's ``run_staged``: its snapshot is taken after staging and compared before
         the report, which carries what changed, so the two snapshots stay out of the timed step."""
-        if msg["op"] in ("stage_batch", "report_staged"):
+        if msg["op"] not in ("run_staged", "load"):  # the batch's run is over (reported, or abandoned)
             self._close_staged_guard()
         if not msg.get("guard", True):
             return self._handle(msg)

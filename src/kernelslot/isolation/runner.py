@@ -62,7 +62,8 @@ class StagedBatch:
     elapsed_s: float = 0.0  # the timed step's time on the referee's clock, whole batch
     error: CallObservation | None = None
     state_changed: list[str] = field(default_factory=list)  # numeric state the run changed (a worker's report)
-    state: Any = None  # the runner's own (a worker process, or the in-process observations)
+    state: Any = None  # the runner's own: a worker process, or the in-process entry
+    observations: list[CallObservation] = field(default_factory=list)  # in-process: the run's calls
 
 
 class RunnerError(RuntimeError):
@@ -212,7 +213,7 @@ class InProcessRunner(Runner):
     def run_staged(self, staged: StagedBatch) -> None:
         if staged.error is not None:
             return
-        entry, observations = staged.state, []
+        entry, observations = staged.state, staged.observations
         with numeric_state.Guard() as guard:
             for args in staged.batch:
                 obs = self._call_one(staged.kernel, entry, args, staged.check_retention, False, CallObservation())
@@ -222,14 +223,12 @@ class InProcessRunner(Runner):
         changed = [state_changed_text(guard.changed, guard.unrestored)] if guard.changed else []
         for obs in observations:
             obs.state_changed = changed
-        staged.state = observations
         staged.elapsed_s = sum(o.elapsed_s for o in observations)  # the entries' own time: no round trip here
 
     def finish_batch(self, staged: StagedBatch) -> tuple[list[CallObservation], float]:
         if staged.error is not None:
             return [staged.error], 0.0
-        observations: list[CallObservation] = staged.state
-        return observations, staged.elapsed_s / len(observations)
+        return staged.observations, staged.elapsed_s / max(1, len(staged.observations))
 
     @staticmethod
     def _call_one(kernel: Kernel, entry: Callable, args: Sequence[Any], check_retention: bool, scratch: bool,

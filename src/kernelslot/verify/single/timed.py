@@ -193,6 +193,33 @@ def _complete(timed: CallObservation, observations: list[CallObservation], mean:
     timed.elapsed_s, timed.worker_s, timed.error = done.elapsed_s, done.worker_s, observations[-1].error
 
 
+def _incumbent_steps(trusted: Runner, incumbent: Any, batch: _Batch) -> list[CallObservation]:
+    """:data:`CALIBRATION_CALLS` of the incumbent's batches on ``batch``'s active sets, each made as a
+    timed step is (staged, the worker stopped, woken, run): one repetition's figures each."""
+    steps = []
+    for _ in range(CALIBRATION_CALLS):
+        one = trusted.stage_batch(incumbent, batch.incumbent_args(), check_retention=False)
+        trusted.freeze()
+        trusted.run_staged(one)
+        observations, mean = trusted.finish_batch(one)
+        if observations[-1].error:
+            raise RunnerError(f"the incumbent failed: {observations[-1].error.strip().splitlines()[-1]}")
+        steps.append(_batch_observation(observations, mean))
+    return steps
+
+
+def _calibrate(trusted: Runner, incumbent: Any, batch: _Batch) -> int:
+    """The batch size, from the incumbent (trusted code, unchecked) before the plan's pairs: its single
+    calls for the request's own cost, then (where that asks for more than one call) batches of the
+    size they suggest for the work per call, which runs warm there."""
+    single = _incumbent_steps(trusted, incumbent, batch)
+    size = batch_size(single)
+    if size > 1:
+        batch.grow(max(1, min(size, MAX_BATCH_BYTES // max(1, batch.set_bytes()))))
+        size = batch_size(single, _incumbent_steps(trusted, incumbent, batch))
+    return size
+
+
 def time_profile(run: Any, plan: TimingPlan) -> None:
     """Time ``run``'s candidate against the incumbent (a :class:`~kernelslot.verify.single.pipeline.ProfileRun`)
     and record the figures in ``run.result.timing``; a check that fails ends the timing."""
@@ -208,26 +235,9 @@ def time_profile(run: Any, plan: TimingPlan) -> None:
     batch = _Batch(run, trusted, inc_prepared)
     traffic: dict[int, Any] = {}
     first: dict[str, CallObservation] = {}
-    # the batch size, from the incumbent (trusted code, unchecked) before the plan's pairs: single
-    # calls for the request's own cost, then batches of the size they suggest for the work per call
     run.runner.freeze()
     try:
-        single: list[CallObservation] = []
-        batched: list[CallObservation] | None = None
-        for _ in range(2):
-            for _ in range(CALIBRATION_CALLS):  # made as a timed step is: staged, stopped, woken, run
-                one = trusted.stage_batch(incumbent, batch.incumbent_args(), check_retention=False)
-                trusted.freeze()
-                trusted.run_staged(one)
-                observations, mean = trusted.finish_batch(one)
-                if observations[-1].error:
-                    raise RunnerError(f"the incumbent failed: {observations[-1].error.strip().splitlines()[-1]}")
-                (single if batched is None else batched).append(_batch_observation(observations, mean))
-            size = batch_size(single, batched)
-            if batched is not None or size == 1:
-                break
-            batched = []
-            batch.grow(max(1, min(size, MAX_BATCH_BYTES // max(1, batch.set_bytes()))))
+        size = _calibrate(trusted, incumbent, batch)
     except RunnerError as exc:
         run.runner.thaw()
         run.result.record(Check.RAISED, FAIL, f"timing: {exc}")
