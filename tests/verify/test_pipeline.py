@@ -234,6 +234,32 @@ def test_timing_reads_pairs_and_marks_ratios_that_bracket_one_as_noise():
     assert time_interleaved(plan, lambda i: None, side("B", [1] * 5)) == {}  # a failed check stops timing
 
 
+def test_more_timed_pairs_are_sized_on_repetitions_of_the_final_batch_size():
+    """Pair 0 is one call (its time caps the batch); the rest are batches of ``n``. A single call,
+    mostly its round trip, times ``n`` would claim the plan's pairs fill the target already: the
+    extra pairs are sized on the first repetition made at the batch size instead."""
+    from kernelslot.verify.single.timing import TARGET_TIMED_S, time_interleaved
+    from kernelslot.verify.plan import MORE_REPS, TimingPlan
+    from kernelslot.isolation.runner import CallObservation
+
+    reps, n, per_call = 4, 100, 1e-4  # a batch: 10 ms; the target asks for 25 of them
+    plan = TimingPlan(1, reps, ("nan",) * (1 + MORE_REPS * reps), (0,) * (1 + MORE_REPS * reps))
+    size, pairs = [1], []
+
+    def side(i):
+        return CallObservation(elapsed_s=0.01 if i == 0 else per_call)  # per call: a single one is slow
+
+    def end(i):
+        pairs.append(i)
+        size[0] = n  # the batch grows after pair 0
+        return True
+
+    assert time_interleaved(plan, side, side, end=end, calls_per_rep=lambda: size[0])["speedup"] == 1.0
+    wanted = round(TARGET_TIMED_S / (per_call * n))
+    assert reps < wanted < MORE_REPS * reps  # else the test could not tell
+    assert len(pairs) == 1 + wanted  # pair 0's single call x n = 1 s would have left the plan's 4
+
+
 def test_a_kernel_that_never_loaded_passes_no_call_check(tmp_path):
     from kernelslot.slots.base import KernelSource
 

@@ -10,9 +10,11 @@ Methodology (the numbers: :mod:`kernelslot.verify.single.timing`):
 - **Batches.** One request runs ``n`` calls back to back, each on its own set of live inputs
   (fresh values every repetition) and its own poisoned padded outputs, each checked afterwards
   exactly like any replay; the referee's clock over the request, divided by ``n``, is a
-  repetition's time. ``n`` is sized on the *incumbent*'s single calls before the pairs, so that the
-  request's own cost (a single call's round trip minus its in-worker time; the calls' own loop in
-  the worker is work both sides pay alike) is at most :data:`ROUNDTRIP_SHARE` of the work, within
+  repetition's time. ``n`` is sized on the *incumbent* before the pairs, so that the request's
+  own cost (its round trip less the worker's time over the calls' loop, which the worker times as
+  one span: the loop's own cost, a fraction of a microsecond a call, is work both sides pay alike)
+  is at most :data:`ROUNDTRIP_SHARE` of the work: single calls give a first size, batches of that
+  size (warm calls, and a batch's own request cost) the final one, within
   :data:`MAX_BATCH` calls, :data:`MAX_BATCH_BYTES` of inputs and outputs and :data:`MAX_BATCH_S`
   at the slower side's time in the first warm-up pair (made with single calls). In-process there
   is no round trip and a call's time is the entry's own; ``n`` is then what makes a repetition
@@ -56,31 +58,32 @@ from kernelslot.verify.verdict import FAIL, Check
 
 __all__ = ["time_profile", "batch_size", "batch_cap", "ROUNDTRIP_SHARE", "MAX_BATCH", "MAX_BATCH_BYTES", "MAX_BATCH_S"]
 
-ROUNDTRIP_SHARE = 0.05  # a request's own cost, at most this share of a batch's work
+ROUNDTRIP_SHARE = 0.025  # a request's own cost, at most this share of a batch's work (half the 5% aim: noise after calibration)
 MAX_BATCH = 1024  # calls per request
-MAX_BATCH_BYTES = 64 << 20  # live inputs and outputs of a batch's extra sets together
+MAX_BATCH_BYTES = 128 << 20  # live inputs and outputs of a batch's extra sets together
 MAX_BATCH_S = 0.25  # a batch takes at most about this long on the slower side's warm-up figure
 MIN_REPETITION_S = 5e-4  # in-process: a repetition's calls last at least about this long
 MAX_IN_PROCESS_BATCH = 64  # in-process: calls per repetition
 CALIBRATION_CALLS = 5  # the incumbent's single calls that size the batch
 
 
-def batch_size(incumbent: list[CallObservation], batched: list[CallObservation] | None = None) -> int:
+def batch_size(incumbent: list[CallObservation], batched: list[CallObservation] | None = None, calls: int = 1) -> int:
     """Calls per request for the incumbent's single-call figures ``incumbent`` (and, where made, its
-    per-call figures in batches, ``batched``: a call in a batch runs warm, much faster than a single
-    one, so the work per call is read there): enough that a request's own cost (a single call's round
-    trip less its in-worker time: the same whatever the batch holds) is at most
-    :data:`ROUNDTRIP_SHARE` of the batch's work, within :data:`MAX_BATCH`. In-process there is no round
-    trip (a call's time is the entry's own): enough calls that a repetition lasts
-    :data:`MIN_REPETITION_S`, within :data:`MAX_IN_PROCESS_BATCH`, so one interrupted call moves a
-    repetition's mean, not its median."""
+    per-call figures in batches of ``calls`` calls, ``batched``: a call in a batch runs warm, much
+    faster than a single one, so the work per call is read there, and so is the request's own cost,
+    which a batch's request pays more of than a single call's): enough that a request's own cost (the
+    round trip less the in-worker time) is at most :data:`ROUNDTRIP_SHARE` of the batch's work,
+    within :data:`MAX_BATCH`. In-process there is no round trip (a call's time is the entry's own):
+    enough calls that a repetition lasts :data:`MIN_REPETITION_S`, within
+    :data:`MAX_IN_PROCESS_BATCH`, so one interrupted call moves a repetition's mean, not its median."""
     if any(o.worker_s is None or o.worker_s <= 0 for o in incumbent):
         per_call = statistics.median(o.elapsed_s for o in batched or incumbent) if incumbent else 0.0
         if per_call <= 0:
             return 1
         return max(1, min(MAX_IN_PROCESS_BATCH, math.ceil(MIN_REPETITION_S / per_call)))
     work = statistics.median(o.worker_s for o in batched or incumbent)  # type: ignore[misc]
-    overhead = max(0.0, statistics.median(o.elapsed_s - o.worker_s for o in incumbent))  # type: ignore[operator]
+    overhead = max(0.0, statistics.median((o.elapsed_s - o.worker_s) * (calls if batched else 1)  # type: ignore[operator]
+                                          for o in batched or incumbent))
     return max(1, min(MAX_BATCH, math.ceil(overhead / (ROUNDTRIP_SHARE * max(work, 1e-9)))))
 
 
@@ -214,9 +217,12 @@ def _calibrate(trusted: Runner, incumbent: Any, batch: _Batch) -> int:
     size they suggest for the work per call, which runs warm there."""
     single = _incumbent_steps(trusted, incumbent, batch)
     size = batch_size(single)
-    if size > 1:
-        batch.grow(max(1, min(size, MAX_BATCH_BYTES // max(1, batch.set_bytes()))))
-        size = batch_size(single, _incumbent_steps(trusted, incumbent, batch))
+    room = MAX_BATCH_BYTES // max(1, batch.set_bytes())
+    for _ in range(2):  # a second round where the first batches show a larger request cost
+        if size <= batch.active or batch.active >= room:
+            break
+        batch.grow(max(1, min(size, room)))
+        size = batch_size(single, _incumbent_steps(trusted, incumbent, batch), batch.active)
     return size
 
 

@@ -20,8 +20,8 @@ floor is recomputed with fresh probes (only the best machine figures count), so 
 while the probes first ran cannot make an honest kernel impossible.
 
 Reported (seconds) per side: ``*_s`` (median), ``*_min_s`` / ``*_max_s``, ``*_q1_s`` / ``*_q3_s``
-(the interquartile range), ``*_spread`` ((max - min) / median), ``*_worker_s`` (median in-worker time of the entry alone, where the
-runner measures one) and ``*_roundtrip_s`` (median of referee time minus in-worker time: the
+(the interquartile range), ``*_spread`` ((max - min) / median), ``*_worker_s`` (median in-worker time per call, where the runner measures
+one: the entry alone for a single call, the calls' loop over a batch) and ``*_roundtrip_s`` (median of referee time minus in-worker time: the
 runner's own cost); then ``speedup`` (the median of the pairs' incumbent / candidate ratios, with
 ``speedup_q1`` / ``speedup_q3``) and ``noise`` (1.0 when those quartiles bracket 1: the ratio is not
 distinguishable from equal); then the floor
@@ -57,8 +57,9 @@ TARGET_TIMED_S = 0.25  # the incumbent's timed repetitions should add up to at l
 
 def timed_reps(plan: TimingPlan, incumbent_warmup: list[CallObservation], calls_per_rep: int = 1) -> int:
     """How many timed pairs to make: the plan's, plus more (up to :data:`MORE_REPS` times as many, and
-    what the plan drew) when the incumbent's warm-up repetitions (``calls_per_rep`` calls each, per-call
-    times) show that they would fill less than :data:`TARGET_TIMED_S`."""
+    what the plan drew) when the incumbent's repetitions so far (``calls_per_rep`` calls each, per-call
+    times: the warm-ups, or the first timed one where no warm-up had the final batch size) show that
+    its timed ones would fill less than :data:`TARGET_TIMED_S`."""
     capacity = len(plan.poisons) - plan.warmup
     if not incumbent_warmup:
         return plan.reps
@@ -95,9 +96,10 @@ def time_interleaved(plan: TimingPlan, candidate: Callable[[int], CallObservatio
     ratios' interquartile range contains 1 (not distinguishable from equal)."""
     cand: list[tuple[int, CallObservation]] = []
     inc: list[CallObservation] = []
-    warm: list[CallObservation] = []
-    i, reps = 0, plan.reps
+    made: list[tuple[CallObservation, int]] = []  # the incumbent's repetitions, with their calls each
+    i, reps, decided = 0, plan.reps, False
     while i < plan.warmup + reps:
+        calls = calls_per_rep()  # before the pair: ``end`` may change it (a batch sized after pair 0)
         if begin is not None:
             begin(i)
         other = None
@@ -116,11 +118,14 @@ def time_interleaved(plan: TimingPlan, candidate: Callable[[int], CallObservatio
             cand.append((i, obs))
             if other is not None:
                 inc.append(other)
-        elif other is not None:
-            warm.append(other)
+        if other is not None:
+            made.append((other, calls))
         i += 1
-        if i == plan.warmup:
-            reps = timed_reps(plan, warm, calls_per_rep())
+        if not decided and i >= plan.warmup:  # from repetitions of the size the rest will have (a single
+            # first call, dominated by its round trip, would stand for a whole batch's time)
+            full = [o for o, k in made if k == calls_per_rep()]
+            if full or incumbent is None:
+                reps, decided = timed_reps(plan, full, calls_per_rep()), True
     timing = summarize("candidate", [o for _, o in cand])
     if inc:
         timing.update(summarize("incumbent", inc))
