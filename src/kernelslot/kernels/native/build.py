@@ -17,7 +17,8 @@ those bytes (from an anonymous memory file, so nothing can swap the file between
 Environment: ``KERNELSLOT_NATIVE=0`` turns the fast path off; ``KERNELSLOT_NATIVE_ISA`` =
 ``portable`` | ``avx2`` | ``avx512`` | ``avx512bf16`` forces the default instruction set (it must be supported
 by the CPU); ``KERNELSLOT_NATIVE_VNNI_MX=0`` keeps the AVX-512 variants off the VNNI integer MX path
-of MXFP4 (read per call). If anything fails the package keeps working on its torch paths and warns once.
+of MXFP4 (read per call); ``KERNELSLOT_NATIVE_MXFP8_SCALAR=1`` runs the scalar MXFP8 quantiser
+instead of its AVX2 / AVX-512 version (same bits; read per call). If anything fails the package keeps working on its torch paths and warns once.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ from pathlib import Path
 ISA_NAMES = ("portable", "avx2", "avx512", "avx512bf16")
 _SRC_DIR = Path(__file__).resolve().parent
 _SOURCES = ("ks_native.h", "ks_kernels.c", "ks_native.c", "ks_pool.c", "ks_fp4_avx2.c", "ks_mxint_avx2.c", "ks_fp8_avx2.c",
-            "ks_mxint_avx512.c", "ks_block.c", "ks_probe.c")
+            "ks_mxint_avx512.c", "ks_mxfp8_avx2.c", "ks_mxfp8_avx512.c",
+            "ks_block.c", "ks_probe.c")
 _COMMON = ["-O3", "-fPIC", "-std=gnu11", "-fno-strict-aliasing", "-fvisibility=default"]
 _X86_FLAGS = {
     0: [],
@@ -78,6 +80,7 @@ def _objects(x86: bool) -> list[tuple[str, list[str]]]:
             ("ks_kernels.c", ["-DKS_ISA=0"])]
     if x86:
         objs += [("ks_fp4_avx2.c", _X86_FLAGS[1]), ("ks_mxint_avx2.c", _X86_FLAGS[1]), ("ks_fp8_avx2.c", _X86_FLAGS[1]),
+                 ("ks_mxfp8_avx2.c", _X86_FLAGS[1]), ("ks_mxfp8_avx512.c", _X86_FLAGS[2]),
                  ("ks_mxint_avx512.c", [*_X86_FLAGS[2], "-mavx512vnni"]),
                  ("ks_kernels.c", ["-DKS_ISA=1", *_X86_FLAGS[1]]),
                  ("ks_kernels.c", ["-DKS_ISA=2", *_X86_FLAGS[2]]),
@@ -151,6 +154,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ks_moe_block.argtypes = [vp, vp, vp, c_i64, c_int, ctypes.c_float, vp, vp, vp, c_int, c_int]
     lib.ks_mxfp8_quantize.restype = c_int
     lib.ks_mxfp8_quantize.argtypes = [vp, c_i64, c_i64, vp, vp]
+    lib.ks_mxfp8_rows_hook.restype = c_int
+    lib.ks_mxfp8_rows_hook.argtypes = [c_int, vp, c_i64, vp, vp, vp, vp, vp, vp, vp, vp, c_int]
     lib.ks_read_bandwidth_probe.restype = ctypes.c_double
     lib.ks_read_bandwidth_probe.argtypes = [vp, c_i64, c_int, c_int]
     lib.ks_probe_read.restype = c_int

@@ -619,8 +619,8 @@ void SUFFIX(ks_gate_up)(const ks_call *c, int tid, int nth) {
                 if (c->inter_i) {
                     ks_mxplanes pl = ks_planes_row(c->inter_i, pi, I);
                     pl.hi += 2 * t0; pl.lo += 2 * t0; pl.scale += 2 * t0 / 16; pl.has_lo += 2 * t0 / 32;
-                    ks_mxfp8_planes(row, row, pl, len);
-                } else if (c->quantize_inter) ks_mxfp8_qdq(row, row, len);
+                    ks_mxfp8_planes(c->mxq, row, row, pl, len);
+                } else if (c->quantize_inter) ks_mxfp8_qdq(c->mxq, row, row, len);
                 if (c->inter_b) ks_to_bf16_dup(row, c->inter_b + pi * 2 * I + 4 * t0, len);
                 if (c->inter_d) ks_to_fp4pair(row, c->inter_d + pi * 2 * I + 4 * t0, len);
             }

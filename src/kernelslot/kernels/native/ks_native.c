@@ -117,27 +117,76 @@ static uint8_t mxfp8_block(const float *x, float *y, uint8_t *codes, float *ev) 
     return sb;
 }
 
-void ks_mxfp8_qdq(const float *x, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 32) mxfp8_block(x + i, y + i, NULL, NULL);
-}
-
-void ks_mxfp8_planes(const float *x, float *y, ks_mxplanes p, int64_t n) {
-    float ev[32];
+/* The scalar reference over n elements (n % 32 == 0): y (may alias x), codes, ev (E4M3 values),
+ * scales (E8M0 bytes) and the planes p, each only if non-NULL.  The vector versions
+ * (ks_mxfp8_avx512.c, ks_mxfp8_avx2.c) give the same bits for every input. */
+void ks_mxfp8_rows_scalar(const float *x, float *y, uint8_t *codes, float *ev, uint8_t *scales,
+                          const ks_mxplanes *p, int64_t n) {
+    float evb[32];
     for (int64_t b = 0; b < n / 32; ++b) {
-        const uint8_t sb = mxfp8_block(x + 32 * b, y + 32 * b, NULL, ev);
-        int16_t *hi = p.hi + 32 * b, *lo = p.lo + 32 * b;
+        float *e = p ? evb : ev ? ev + 32 * b : NULL;
+        const uint8_t sb = mxfp8_block(x + 32 * b, y ? y + 32 * b : NULL, codes ? codes + 32 * b : NULL, e);
+        if (scales) scales[b] = sb;
+        if (p && ev) memcpy(ev + 32 * b, evb, sizeof evb);
+        if (!p) continue;
+        int16_t *hi = p->hi + 32 * b, *lo = p->lo + 32 * b;
         int any = 0;
         for (int i = 0; i < 32; ++i) {
-            const int32_t a = (int32_t)(ev[i] * 512.0f), h = a / 8; /* exact: |a| < 2^18 */
+            const int32_t a = (int32_t)(evb[i] * 512.0f), h = a / 8; /* exact: |a| < 2^18 */
             const int pos = (i & 16) | (i & 1) << 3 | (i & 15) >> 1; /* group * 8 + index */
             hi[pos] = (int16_t)h;
             lo[pos] = (int16_t)(a - 8 * h);
             any |= a - 8 * h;
         }
-        p.scale[2 * b] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 134 - p.w_log2);
-        p.scale[2 * b + 1] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 137 - p.w_log2);
-        p.has_lo[b] = any != 0;
+        p->scale[2 * b] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 134 - p->w_log2);
+        p->scale[2 * b + 1] = sb == 0xFF ? NAN : ldexpf(1.0f, sb - 137 - p->w_log2);
+        p->has_lo[b] = any != 0;
     }
+}
+
+/* Whether the quantiser runs vector code: KERNELSLOT_NATIVE_MXFP8_SCALAR=1 forces the scalar
+ * reference (read per call: tests and A/B runs switch it). */
+static int mxq_scalar_forced(void) {
+    const char *v = getenv("KERNELSLOT_NATIVE_MXFP8_SCALAR");
+    return v && v[0] == '1' && !v[1];
+}
+
+/* The quantiser for a call on `isa`: the vector version of that ISA (avx512bf16: the AVX-512 one),
+ * the scalar reference for portable or when forced.  Same bits in every case. */
+static int mxq_for_isa(int isa) {
+    if (mxq_scalar_forced()) return KS_ISA_PORTABLE;
+    if (isa == KS_ISA_AVX512BF16) isa = KS_ISA_AVX512;
+    return ks_isa_supported(isa) ? isa : KS_ISA_PORTABLE;
+}
+
+void ks_mxfp8_rows(int impl, const float *x, float *y, uint8_t *codes, float *ev, uint8_t *scales,
+                   const ks_mxplanes *p, int64_t n) {
+#if defined(__x86_64__)
+    if (impl == KS_ISA_AVX512) { ks_mxfp8_rows_avx512(x, y, codes, ev, scales, p, n); return; }
+    if (impl == KS_ISA_AVX2) { ks_mxfp8_rows_avx2(x, y, codes, ev, scales, p, n); return; }
+#endif
+    (void)impl;
+    ks_mxfp8_rows_scalar(x, y, codes, ev, scales, p, n);
+}
+
+void ks_mxfp8_qdq(int impl, const float *x, float *y, int64_t n) { ks_mxfp8_rows(impl, x, y, NULL, NULL, NULL, NULL, n); }
+
+void ks_mxfp8_planes(int impl, const float *x, float *y, ks_mxplanes p, int64_t n) {
+    ks_mxfp8_rows(impl, x, y, NULL, NULL, NULL, &p, n);
+}
+
+/* Test hook: every output of the quantiser of `impl` (a KS_ISA_* the CPU supports; avx512bf16
+ * as avx512; -1: the one ks_moe_experts would pick for the best ISA) over n elements; NULL
+ * outputs are skipped (planes when hi is NULL).  Returns 0, -1 bad n, -4 unsupported impl. */
+int ks_mxfp8_rows_hook(int impl, const float *x, int64_t n, float *y, uint8_t *codes, float *ev, uint8_t *scales,
+                       int16_t *hi, int16_t *lo, float *pscale, uint8_t *has_lo, int w_log2) {
+    if (n < 0 || n % 32) return -1;
+    if (impl < 0) impl = mxq_for_isa(ks_best_isa());
+    if (impl == KS_ISA_AVX512BF16) impl = KS_ISA_AVX512;
+    if (impl > KS_ISA_AVX512 || !ks_isa_supported(impl)) return -4;
+    ks_mxplanes p = {hi, lo, pscale, has_lo, w_log2};
+    ks_mxfp8_rows(impl, x, y, codes, ev, scales, hi ? &p : NULL, n);
+    return 0;
 }
 
 void ks_to_bf16_dup(const float *x, uint16_t *y, int64_t n) {
@@ -155,12 +204,13 @@ void ks_to_fp4pair(const float *x, float *y, int64_t n) {
         for (int i = 0; i < 4; ++i) y[i] = y[4 + i] = x[2 * i], y[8 + i] = y[12 + i] = x[2 * i + 1];
 }
 
-/* Test hook: (rows, cols) fp32 -> E4M3 codes (rows, cols) and E8M0 scales (rows, cols/32). */
+/* Test hook: (rows, cols) fp32 -> E4M3 codes (rows, cols) and E8M0 scales (rows, cols/32), with the
+ * quantiser ks_moe_experts picks for the best ISA. */
 int ks_mxfp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *codes, uint8_t *scales) {
     if (cols % 32) return -1;
+    const int impl = mxq_for_isa(ks_best_isa());
     for (int64_t r = 0; r < rows; ++r)
-        for (int64_t k = 0; k < cols; k += 32)
-            scales[r * (cols / 32) + k / 32] = mxfp8_block(x + r * cols + k, NULL, codes + r * cols + k, NULL);
+        ks_mxfp8_rows(impl, x + r * cols, NULL, codes + r * cols, NULL, scales + r * (cols / 32), NULL, cols);
     return 0;
 }
 
@@ -251,8 +301,8 @@ static void run_task(ks_task *k) {
     const int64_t H = k->call->ex->hidden, T = k->call->T;
     const int64_t lo = T * k->tid / k->nth, hi = T * (k->tid + 1) / k->nth;
     if (k->xq && k->call->xi)
-        for (int64_t t = lo; t < hi; ++t) ks_mxfp8_planes(k->h + t * H, k->xq + t * H, ks_planes_row(k->call->xi, t, H), H);
-    else if (k->xq) ks_mxfp8_qdq(k->h + lo * H, k->xq + lo * H, (hi - lo) * H);
+        for (int64_t t = lo; t < hi; ++t) ks_mxfp8_planes(k->call->mxq, k->h + t * H, k->xq + t * H, ks_planes_row(k->call->xi, t, H), H);
+    else if (k->xq) ks_mxfp8_qdq(k->call->mxq, k->h + lo * H, k->xq + lo * H, (hi - lo) * H);
     const float *x = k->xq ? k->xq : k->h;
     if (k->call->xb) ks_to_bf16_dup(x + lo * H, (uint16_t *)k->call->xb + lo * 2 * H, (hi - lo) * H);
     if (k->call->xd) ks_to_fp4pair(x + lo * H, (float *)k->call->xd + lo * 2 * H, (hi - lo) * H);
@@ -366,7 +416,8 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     const int64_t P = count[E]; /* routed pairs */
     ks_call call = {ex, act, quant_act ? xq : h, T, groups, ng, pair_token, pair_weight, inter, quant_act, out,
                     xb, inter_b, xd, inter_d, mxint_path ? &xi : NULL, mxint_path ? &ii : NULL,
-                    xf, xf ? xf + T * ex->hidden : NULL, inter_f, inter_f ? inter_f + P_max * ex->inter : NULL, P, NULL};
+                    xf, xf ? xf + T * ex->hidden : NULL, inter_f, inter_f ? inter_f + P_max * ex->inter : NULL, P, NULL,
+                    mxq_for_isa(isa)};
     int next_item = 0;  /* reset before each phase; the pool's post publishes it */
     call.next_item = &next_item;
     ks_task proto = {&call, h, xq, NULL, 0, 1};

@@ -27,6 +27,8 @@ enum ks_format {
     KS_NUM_FORMATS = 7
 };
 enum ks_isa { KS_ISA_PORTABLE = 0, KS_ISA_AVX2 = 1, KS_ISA_AVX512 = 2, KS_ISA_AVX512BF16 = 3 };
+int ks_isa_supported(int isa);  /* whether this CPU runs isa (ks_native.c) */
+int ks_best_isa(void);
 enum ks_act_kind { KS_ACT_SWISH = 0, KS_ACT_GELU = 1, KS_ACT_GELU_TANH = 2 };
 
 typedef struct {
@@ -98,6 +100,7 @@ typedef struct {
     float *inter_f_unscale;      /* AVX2 FP8: (P,) */
     int64_t num_pairs;           /* P: routed (token, expert) pairs */
     int *next_item;              /* the gate/up and down phases' work-item counter, 0 at each start */
+    int32_t mxq;                 /* MXFP8 quantiser: KS_ISA_PORTABLE (scalar), _AVX2 or _AVX512 (same bits) */
 } ks_call;
 
 /* Bytes of one contraction block of a tile (data then scales of its KS_TILE_ROWS rows). */
@@ -170,10 +173,24 @@ extern uint8_t ks_fp4_bf16[2][256][32];
 extern float ks_fp4_f32[2][256][16];
 float ks_half_to_float(uint16_t h);
 float ks_apply_act(const ks_act *a, float g, float u);
-/* MXFP8 (E4M3, floor E8M0, blocks of 32) quantise-dequantise of n elements (n % 32 == 0). */
-void ks_mxfp8_qdq(const float *x, float *y, int64_t n);
+/* The MXFP8 online quantiser (E4M3, floor E8M0, blocks of 32) over n elements (n % 32 == 0):
+ * y = q-dq values (may alias x), codes = E4M3 bytes, ev = E4M3 values, scales = E8M0 bytes, p =
+ * the exact int16 planes, each only if non-NULL.  impl: KS_ISA_PORTABLE (the scalar reference),
+ * KS_ISA_AVX2 or KS_ISA_AVX512 (vector versions, only where the CPU has them): the same bits. */
+void ks_mxfp8_rows(int impl, const float *x, float *y, uint8_t *codes, float *ev, uint8_t *scales,
+                   const ks_mxplanes *p, int64_t n);
+void ks_mxfp8_rows_scalar(const float *x, float *y, uint8_t *codes, float *ev, uint8_t *scales,
+                          const ks_mxplanes *p, int64_t n);
+#if defined(__x86_64__)
+void ks_mxfp8_rows_avx2(const float *x, float *y, uint8_t *codes, float *ev, uint8_t *scales,
+                        const ks_mxplanes *p, int64_t n);
+void ks_mxfp8_rows_avx512(const float *x, float *y, uint8_t *codes, float *ev, uint8_t *scales,
+                          const ks_mxplanes *p, int64_t n);
+#endif
+/* MXFP8 quantise-dequantise of n elements (n % 32 == 0). */
+void ks_mxfp8_qdq(int impl, const float *x, float *y, int64_t n);
 /* The same q-dq into y (may alias x) plus the exact int16 planes of the quantised values. */
-void ks_mxfp8_planes(const float *x, float *y, ks_mxplanes p, int64_t n);
+void ks_mxfp8_planes(int impl, const float *x, float *y, ks_mxplanes p, int64_t n);
 /* n elements (n % 32 == 0) -> per 32-block 64 bf16 words: [e0..15, e0..15, e16..31, e16..31]
  * (truncation; exact for values with <= 8 significant bits, e.g. MXFP8 q-dq values). */
 void ks_to_bf16_dup(const float *x, uint16_t *y, int64_t n);

@@ -126,6 +126,34 @@ def mxfp8_quantize_native(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scales
 
 
+MXFP8_IMPLS = ("portable", "avx2", "avx512")  # the quantiser's versions: scalar reference, AVX2, AVX-512
+
+
+def mxfp8_quantizer_outputs(x: torch.Tensor, impl: Optional[str] = None, w_log2: int = 0,
+                            in_place: bool = False) -> dict[str, torch.Tensor]:
+    """Test hook: every output of one version of the kernels' MXFP8 quantiser on a 1-D fp32 tensor
+    (length % 32 == 0). ``impl``: one of :data:`MXFP8_IMPLS` this CPU runs (``portable``: the
+    scalar reference), or None for the one the kernels pick. Returns ``y`` (q-dq, fp32; computed in
+    place over a copy of ``x`` when ``in_place``), ``codes`` (E4M3 bytes), ``ev`` (E4M3 values,
+    fp32), ``scales`` (E8M0 bytes), and the planes ``hi``/``lo`` (int16, planes order),
+    ``pscale`` (fp32, 2 per block, for ``w_log2``) and ``has_lo`` (uint8 per block)."""
+    lib, _ = _lib_and_isa(None)
+    if x.dim() != 1 or x.shape[0] % 32:
+        raise ValueError(f"mxfp8_quantizer_outputs: x must be 1-D with length % 32 == 0, got {tuple(x.shape)}")
+    x = x.to(torch.float32).contiguous().clone()
+    n = x.shape[0]
+    out = {"y": x if in_place else torch.empty(n), "codes": torch.empty(n, dtype=torch.uint8),
+           "ev": torch.empty(n), "scales": torch.empty(n // 32, dtype=torch.uint8),
+           "hi": torch.empty(n, dtype=torch.int16), "lo": torch.empty(n, dtype=torch.int16),
+           "pscale": torch.empty(n // 16), "has_lo": torch.empty(n // 32, dtype=torch.uint8)}
+    code = -1 if impl is None else MXFP8_IMPLS.index(impl)
+    rc = lib.ks_mxfp8_rows_hook(code, x.data_ptr(), n, *(out[k].data_ptr() for k in
+                                ("y", "codes", "ev", "scales", "hi", "lo", "pscale", "has_lo")), int(w_log2))
+    if rc != 0:
+        raise ValueError(f"mxfp8_quantizer_outputs: impl={impl!r}: {_ERRORS.get(rc, rc)}")
+    return out
+
+
 def warm_thread_pool(num_threads: Optional[int] = None) -> None:
     """Wake the native thread pool for a ``num_threads`` call (default: :func:`default_threads`)
     and return once its workers run: they spin ~200 µs before sleeping, as after the previous
