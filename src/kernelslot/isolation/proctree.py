@@ -7,10 +7,13 @@ sandboxed process reports about itself.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+from typing import Iterator
 
-__all__ = ["Process", "read", "tree", "children", "descendants", "ns_pid", "resident_bytes", "thread_cpu_ns"]
+__all__ = ["Process", "read", "tree", "children", "descendants", "ns_pid", "resident_bytes", "thread_cpu_ns", "stop", "resume",
+           "pinned", "timed_cpu"]
 
 
 
@@ -168,3 +171,37 @@ def resume(pids: list[int]) -> None:
             os.kill(pid, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def timed_cpu() -> int:
+    """The CPU a timed step's calling thread runs on, for every runner alike: the highest this
+    process may use (``taskset`` on the referee chooses among them)."""
+    return max(os.sched_getaffinity(0))
+
+
+@contextlib.contextmanager
+def pinned(pid: int, cpu: int) -> Iterator[None]:
+    """Process ``pid``'s main thread on ``cpu`` alone while the block runs; afterwards it gets its mask
+    back, and so does every thread of the process made meanwhile that inherited ``{cpu}`` (a
+    thread pool first used inside the block would otherwise stay on one CPU).
+
+    Which of the machine's CPUs a timed call lands on is the largest noise in a timed pair on a
+    2-vCPU VM: the same kernel read x0.83-x1.10 against itself with both sides free, x0.975-x1.007
+    with every process on one CPU (docs/referee.md, "Timing"). Other threads of the process keep
+    their masks, so a multi-threaded kernel still has every CPU."""
+    try:
+        mask = os.sched_getaffinity(pid)
+        before = set(_tasks(pid))
+        os.sched_setaffinity(pid, {cpu})
+    except OSError:  # gone, or not ours to pin: the block runs unpinned
+        yield
+        return
+    try:
+        yield
+    finally:
+        for tid in [pid] + [int(t) for t in _tasks(pid) if t not in before]:
+            try:
+                if tid == pid or os.sched_getaffinity(tid) == {cpu}:
+                    os.sched_setaffinity(tid, mask)
+            except OSError:
+                pass

@@ -301,10 +301,11 @@ class WorkerRunner(Runner):
         self.thaw()
 
         def run() -> None:
-            if woken:  # a stopped worker is woken by an untimed request first: its wake-up is no part of the batch
-                self._request(staged.state, "load", staged.kernel.origin(), [], self.call_timeout_s)
-            _, staged.elapsed_s = self._request(staged.state, "run_staged", staged.kernel.origin(), [], self.call_timeout_s,
-                                                guard=False)  # the worker's guard spans stage to report
+            with proctree.pinned(staged.state.pid, proctree.timed_cpu()):  # every runner's timed calls on one CPU
+                if woken:  # a stopped worker is woken by an untimed request first: its wake-up is no part of the batch
+                    self._request(staged.state, "load", staged.kernel.origin(), [], self.call_timeout_s)
+                _, staged.elapsed_s = self._request(staged.state, "run_staged", staged.kernel.origin(), [],
+                                                    self.call_timeout_s, guard=False)  # the guard spans stage to report
         self._contained(staged, run)
 
     def finish_batch(self, staged: StagedBatch) -> tuple[list[CallObservation], float]:
