@@ -557,13 +557,16 @@ def test_avx512_vnni_mx_path_is_exact_and_independent_of_batch(monkeypatch, h, i
 
 
 @pytest.mark.skipif(not AVX512_ISAS, reason="needs AVX-512 F/BW/VL/DQ (this CPU lacks it)")
+@pytest.mark.parametrize("rebias", ("0", "1"))
 @pytest.mark.parametrize("subnormals", (True, False))
 @pytest.mark.parametrize("fmt", ("mxfp8", "fp8_row"))
-def test_avx512_fp8_decode_is_exact_for_every_code(fmt, subnormals):
+def test_avx512_fp8_decode_is_exact_for_every_code(monkeypatch, fmt, subnormals, rebias):
     """AVX-512 decodes E4M3 through fp16 (value·2^-8; subnormal codes become fp16 subnormals,
-    which vcvtph2ps makes normal fp32): every code, fused (T <= 5) and decode-once (T > 5),
-    gives the portable kernel's numbers up to fp32 summation order and the float64
-    reference's."""
+    which vcvtph2ps makes normal fp32), or, with KERNELSLOT_NATIVE_FP8_REBIAS=1 (the default on
+    AMD), runs groups of <= 2 tokens through the AVX2 fused kernel's exponent rebias: every code,
+    fused (T <= 5) and decode-once (T > 5), gives the portable kernel's numbers up to fp32
+    summation order and the float64 reference's."""
+    monkeypatch.setenv("KERNELSLOT_NATIVE_FP8_REBIAS", rebias)
     gen = torch.Generator().manual_seed(15)
     w, gu, dn = _random_code_experts(fmt, gen, subnormals)
     prep = prepare_native_experts(w)
@@ -583,6 +586,30 @@ def test_avx512_fp8_decode_is_exact_for_every_code(fmt, subnormals):
                 assert torch.isfinite(a).all()
                 assert ((a - p).norm() / p.norm()).item() < 1e-5, (fmt, isa, quant, T)
                 assert ((a - ref).norm() / ref.norm()).item() < (2e-3 if quant else 1e-5), (fmt, isa, quant, T)
+
+
+@pytest.mark.skipif(not AVX512_ISAS or "avx2" not in ISAS, reason="needs AVX-512 F/BW/VL/DQ and AVX2 (this CPU lacks them)")
+@pytest.mark.parametrize("fmt", ("mxfp8", "fp8_row"))
+def test_avx512_fp8_rebias_runs_the_avx2_fused_kernel_for_two_tokens_or_fewer(monkeypatch, fmt):
+    """With KERNELSLOT_NATIVE_FP8_REBIAS=1 an AVX-512 call on <= 2 tokens per expert gives the
+    AVX2 call's bits (the same kernel on the same activation layout); with 0 it does not (its own
+    fp16 decode, another summation order), so the switch is seen to act."""
+    gen = torch.Generator().manual_seed(17)
+    w, *_ = _make_experts(fmt, gen, True)
+    prep = prepare_native_experts(w)
+    x = torch.randn(2, H, generator=gen)
+    ids, wts = _routing(2, gen)  # each expert gets one or two tokens
+
+    def run(isa):
+        out = torch.zeros(2, H)
+        expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, fmt == "mxfp8", out, isa=isa)
+        return out
+
+    monkeypatch.setenv("KERNELSLOT_NATIVE_FP8_REBIAS", "1")
+    avx2 = run("avx2")
+    assert all(torch.equal(run(isa), avx2) for isa in AVX512_ISAS)
+    monkeypatch.setenv("KERNELSLOT_NATIVE_FP8_REBIAS", "0")
+    assert not any(torch.equal(run(isa), avx2) for isa in AVX512_ISAS)
 
 
 @pytest.mark.slow

@@ -512,6 +512,14 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
         return;
     }
 #endif
+#if KS_ISA >= 2
+    if (gx->xf[0] && n <= 2) { /* FP8, <= 2 tokens, where ks_native.c chose the AVX2 fused kernel (AMD) */
+        PASSES(2, ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, nt, tp, nkb, gx->xf + lo, res))
+        for (int r = 0; r < R; ++r)
+            for (int t = 0; t < n; ++t) out[r * n + t] *= gx->xf_unscale[t];
+        return;
+    }
+#endif
 #if KS_ISA == 1
     if (gx->xip[0]) { /* MXFP4 on the MX path: exact integer block sums (ks_mxint_avx2.c) */
         void *buf = n > 2 ? scratch((ks_mxint_scratch_bytes(nkb) + sizeof(float) - 1) / sizeof(float)) : NULL;

@@ -239,6 +239,23 @@ static int vnni_mx_wanted(void) {
     return !(v && v[0] == '0' && !v[1]);
 }
 
+/* Whether the AVX-512 variants run FP8 (MXFP8 / FP8-row) groups of at most 2 tokens with the AVX2
+ * fused kernels (ks_fp8_avx2.c: the exponent-rebias decode, FMAs only, subnormal codes as fp32
+ * denormals) instead of their own fp16 decode, which exists for Intel (a microcode assist on every
+ * denormal operand: "AVX-512 pass" in docs/native.md).  Measured hot on AMD Zen 4 (1 thread, one
+ * expert, H = I = 1024): 4.62 against 6.19 cycles per 32 weights at T=1, 6.72 against 7.39 at T=2,
+ * and slower from T=4 (13.0 against 9.5), hence only for <= 2 tokens; by vendor, like
+ * bf16_mx_path_wanted.  KERNELSLOT_NATIVE_FP8_REBIAS=1 / 0 forces it (read per call). */
+static int fp8_rebias_wanted(void) {
+    const char *v = getenv("KERNELSLOT_NATIVE_FP8_REBIAS");
+    if (v && (v[0] == '0' || v[0] == '1') && !v[1]) return v[0] == '1';
+#if defined(__x86_64__)
+    return __builtin_cpu_is("amd");
+#else
+    return 0;
+#endif
+}
+
 int ks_vnni_supported(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
@@ -379,7 +396,8 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     const int mxint_path = quant_act && ex->format == KS_MXFP4 &&
                            (isa == KS_ISA_AVX2 || (avx512 && !bf16_path && ks_vnni_supported() && vnni_mx_wanted()));
     const int fp4pair_path = isa == KS_ISA_AVX2 && !mxint_path && (ex->format == KS_MXFP4 || ex->format == KS_NVFP4);
-    const int fp8_path = isa == KS_ISA_AVX2 && (ex->format == KS_FP8ROW || ex->format == KS_MXFP8);
+    const int fp8_path = (ex->format == KS_FP8ROW || ex->format == KS_MXFP8) &&
+                         (isa == KS_ISA_AVX2 || (avx512 && fp8_rebias_wanted()));
     float *xf = fp8_path ? malloc(sizeof(float) * (size_t)(T * ex->hidden + T + 1)) : NULL;
     float *inter_f = fp8_path ? malloc(sizeof(float) * (size_t)(P_max * ex->inter + P_max + 1)) : NULL;
     ks_mxplanes xi = {0}, ii = {0};
