@@ -41,16 +41,16 @@ def _self_timed(tmp_path, slot: str, profiles: tuple[str, ...], reps: int) -> li
 
 def test_batch_size_follows_the_incumbents_round_trip():
     calls = [CallObservation(elapsed_s=110e-6, worker_s=10e-6)] * 3  # 100 us of round trip per 10 us call
-    assert ROUNDTRIP_SHARE == 0.025
-    assert batch_size(calls) == 400  # 100 us <= 2.5% of 400 x 10 us
+    assert ROUNDTRIP_SHARE == 0.02
+    assert batch_size(calls) == 500  # 100 us <= 2% of 500 x 10 us
     jitter = [CallObservation(elapsed_s=e, worker_s=10e-6) for e in (110e-6, 3e-3, 105e-6, 115e-6, 90e-6)]
-    assert batch_size(jitter) == 400  # the median single call: one interrupted request does not size the batch
+    assert batch_size(jitter) == 500  # the median single call: one interrupted request does not size the batch
     # batches of 100 calls whose request costs 200 us (2 us a call), more than a single call's 100 us:
     # the request's cost of a batch is read on batches
     batched = [CallObservation(elapsed_s=12e-6, worker_s=10e-6)] * 3
-    assert batch_size(calls, batched, 100) == 800  # 200 us <= 2.5% of 800 x 10 us
+    assert batch_size(calls, batched, 100) == 1000  # 200 us <= 2% of 1000 x 10 us
     warm = [CallObservation(elapsed_s=5.5e-6, worker_s=5e-6)] * 3  # and the work per call: warm, 5 us
-    assert batch_size(calls, warm, 100) == 400  # 50 us <= 2.5% of 400 x 5 us
+    assert batch_size(calls, warm, 100) == 500  # 50 us <= 2% of 500 x 5 us
     # in-process: no round trip; enough calls that a repetition lasts MIN_REPETITION_S, at most MAX_IN_PROCESS_BATCH
     assert batch_size([CallObservation(elapsed_s=1e-4)] * 3) == math.ceil(MIN_REPETITION_S / 1e-4)
     assert batch_size([CallObservation(elapsed_s=1e-8)]) == MAX_IN_PROCESS_BATCH
