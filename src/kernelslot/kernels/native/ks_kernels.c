@@ -512,9 +512,12 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
         return;
     }
 #endif
-#if KS_ISA >= 2
-    if (gx->xf[0] && n <= 2) { /* FP8, <= 2 tokens, where ks_native.c chose the AVX2 fused kernel (AMD) */
-        PASSES(2, ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, nt, tp, nkb, gx->xf + lo, res))
+#if KS_ISA >= 1
+    /* MXFP8 / FP8-row through ks_fp8_avx2.c (results carry 2^a per token): every group on AVX2;
+     * on AVX-512 the groups of <= 2 tokens, where ks_native.c chose the exponent rebias (AMD) */
+    if (gx->xf[0] && (KS_ISA == 1 || n <= 2)) {
+        if (n > pass_max(fmt)) tile_batch(fmt, n, tp, nkb, gx->xf, out);
+        else PASSES(2, ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, nt, tp, nkb, gx->xf + lo, res))
         for (int r = 0; r < R; ++r)
             for (int t = 0; t < n; ++t) out[r * n + t] *= gx->xf_unscale[t];
         return;
@@ -530,13 +533,6 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
         }
         /* <= 2 tokens, or no memory for the scratch: fused, 2 at a time */
         PASSES(2, ks_mxint_tile_fused_avx2(nt, tp, nkb, gx->xip + lo, res))
-        return;
-    }
-    if (gx->xf[0]) { /* MXFP8 / FP8-row (ks_fp8_avx2.c); results carry 2^a per token */
-        if (n > pass_max(fmt)) tile_batch(fmt, n, tp, nkb, gx->xf, out);
-        else PASSES(2, ks_fp8_tile_fused_avx2(fmt == KS_MXFP8, nt, tp, nkb, gx->xf + lo, res))
-        for (int r = 0; r < R; ++r)
-            for (int t = 0; t < n; ++t) out[r * n + t] *= gx->xf_unscale[t];
         return;
     }
     if (gx->xd[0]) { /* MXFP4 / NVFP4, fp32 activations: fused in the pair layout, else tile_batch */

@@ -11,14 +11,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE float f32_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
-
-/* 2^k for -149 <= k <= 127 as ldexpf(1.0f, k) gives it: exact, and a denormal one by a multiply,
- * so that it is 0 under flush-to-zero, as the scalar code's ldexpf. */
-INLINE float pow2f(int k) {
-    return k >= -126 ? f32_bits((uint32_t)(k + 127) << 23) : f32_bits((uint32_t)(k + 127 + 64) << 23) * 0x1p-64f;
-}
-
 /* 16 int32 (two vectors, elements 0..15) -> 16 int16 in the planes' order: 0 2 .. 14 1 3 .. 15. */
 INLINE __m256i planes_half(__m256i v0, __m256i v1) {
     const __m256i eo = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
@@ -44,20 +36,11 @@ void ks_mxfp8_rows_avx2(const float *x, float *y, uint8_t *codes, float *ev, uin
         m4 = _mm_max_epi32(m4, _mm_shuffle_epi32(m4, 0xB1));
         const int ef = _mm_cvtsi128_si32(m4) >> 23;
         if (ef == 255) { /* NaN or inf: the NaN block */
-            if (y) for (int j = 0; j < 4; ++j) _mm256_storeu_ps(y + 32 * b + 8 * j, _mm256_set1_ps(NAN));
-            if (codes) memset(codes + 32 * b, 0x7F, 32);
-            if (ev) memset(ev + 32 * b, 0, 32 * sizeof(float));
-            if (scales) scales[b] = 0xFF;
-            if (p) {
-                memset(p->hi + 32 * b, 0, 64);
-                memset(p->lo + 32 * b, 0, 64);
-                p->scale[2 * b] = p->scale[2 * b + 1] = NAN;
-                p->has_lo[b] = 0;
-            }
+            ks_mxfp8_nan_block(b, y, codes, ev, scales, p);
             continue;
         }
         const int sb = ef - 8 < 0 ? 0 : ef - 8 > 254 ? 254 : ef - 8;
-        const __m256 inv = _mm256_set1_ps(sb == 254 ? 0x1p-127f : f32_bits((uint32_t)(254 - sb) << 23));
+        const __m256 inv = _mm256_set1_ps(sb == 254 ? 0x1p-127f : ks_f32_bits((uint32_t)(254 - sb) << 23));
         const __m256 s = _mm256_set1_ps(ks_e8m0_lut[sb]);
         __m256 r[4];
         __m256i c[4] = {0}, hi[4] = {0}, lo[4] = {0};
@@ -100,8 +83,8 @@ void ks_mxfp8_rows_avx2(const float *x, float *y, uint8_t *codes, float *ev, uin
             _mm256_storeu_si256((__m256i *)(p->hi + 32 * b + 16), planes_half(hi[2], hi[3]));
             _mm256_storeu_si256((__m256i *)(p->lo + 32 * b), planes_half(lo[0], lo[1]));
             _mm256_storeu_si256((__m256i *)(p->lo + 32 * b + 16), planes_half(lo[2], lo[3]));
-            p->scale[2 * b] = pow2f(sb - 134 - p->w_log2);
-            p->scale[2 * b + 1] = pow2f(sb - 137 - p->w_log2);
+            p->scale[2 * b] = ks_pow2f(sb - 134 - p->w_log2);
+            p->scale[2 * b + 1] = ks_pow2f(sb - 137 - p->w_log2);
             const __m256i any = _mm256_or_si256(_mm256_or_si256(lo[0], lo[1]), _mm256_or_si256(lo[2], lo[3]));
             p->has_lo[b] = !_mm256_testz_si256(any, any);
         }

@@ -27,14 +27,6 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-INLINE float f32_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
-
-/* 2^k for -149 <= k <= 127 as ldexpf(1.0f, k) gives it: exact, and a denormal one by a multiply,
- * so that it is 0 under flush-to-zero, as the scalar code's ldexpf. */
-INLINE float pow2f(int k) {
-    return k >= -126 ? f32_bits((uint32_t)(k + 127) << 23) : f32_bits((uint32_t)(k + 127 + 64) << 23) * 0x1p-64f;
-}
-
 void ks_mxfp8_rows_avx512(const float *x, float *y, uint8_t *codes, float *ev, uint8_t *scales,
                           const ks_mxplanes *p, int64_t n) {
     const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
@@ -52,20 +44,11 @@ void ks_mxfp8_rows_avx512(const float *x, float *y, uint8_t *codes, float *ev, u
         const __m512i a1 = _mm512_and_si512(_mm512_castps_si512(x1), absmask);
         const int ef = _mm512_reduce_max_epi32(_mm512_max_epi32(a0, a1)) >> 23;
         if (ef == 255) { /* NaN or inf: the NaN block */
-            if (y) { const __m512 q = _mm512_set1_ps(NAN); _mm512_storeu_ps(y + 32 * b, q); _mm512_storeu_ps(y + 32 * b + 16, q); }
-            if (codes) memset(codes + 32 * b, 0x7F, 32);
-            if (ev) memset(ev + 32 * b, 0, 32 * sizeof(float));
-            if (scales) scales[b] = 0xFF;
-            if (p) {
-                memset(p->hi + 32 * b, 0, 64);
-                memset(p->lo + 32 * b, 0, 64);
-                p->scale[2 * b] = p->scale[2 * b + 1] = NAN;
-                p->has_lo[b] = 0;
-            }
+            ks_mxfp8_nan_block(b, y, codes, ev, scales, p);
             continue;
         }
         const int sb = ef - 8 < 0 ? 0 : ef - 8 > 254 ? 254 : ef - 8;
-        const __m512 inv = _mm512_set1_ps(sb == 254 ? 0x1p-127f : f32_bits((uint32_t)(254 - sb) << 23));
+        const __m512 inv = _mm512_set1_ps(sb == 254 ? 0x1p-127f : ks_f32_bits((uint32_t)(254 - sb) << 23));
         __m512 r[2];
         __m512i c[2] = {0}, ai[2] = {0};
         for (int h = 0; h < 2; ++h) {
@@ -108,8 +91,8 @@ void ks_mxfp8_rows_avx512(const float *x, float *y, uint8_t *codes, float *ev, u
             }
             _mm512_storeu_si512(p->hi + 32 * b, _mm512_permutex2var_epi16(hi[0], perm, hi[1]));
             _mm512_storeu_si512(p->lo + 32 * b, _mm512_permutex2var_epi16(lo[0], perm, lo[1]));
-            p->scale[2 * b] = pow2f(sb - 134 - p->w_log2);
-            p->scale[2 * b + 1] = pow2f(sb - 137 - p->w_log2);
+            p->scale[2 * b] = ks_pow2f(sb - 134 - p->w_log2);
+            p->scale[2 * b + 1] = ks_pow2f(sb - 137 - p->w_log2);
             p->has_lo[b] = _mm512_test_epi32_mask(_mm512_or_si512(lo[0], lo[1]), _mm512_or_si512(lo[0], lo[1])) != 0;
         }
     }

@@ -215,13 +215,10 @@ int ks_mxfp8_quantize(const float *x, int64_t rows, int64_t cols, uint8_t *codes
 }
 
 /* ---------------------------------------------------------------- ISA selection */
-/* Whether avx512bf16 runs MXFP4 on the MX path with vdpbf16ps (the bf16 MX path) or with the fp32
- * kernels on the q-dq activations (same exact products, other fp32 summation order).  Measured:
- * 1.1-1.3x faster than the fp32 kernels on AMD Zen 4 (docs/native.md, "Figures"), 1.1-1.7x
- * slower on an Intel Sapphire Rapids-class Xeon ("AVX-512 pass"), so by vendor;
- * KERNELSLOT_NATIVE_BF16_MX=1 / 0 forces it (read per call: tests switch it). */
-static int bf16_mx_path_wanted(void) {
-    const char *v = getenv("KERNELSLOT_NATIVE_BF16_MX");
+/* A per-vendor choice: environment variable `name` set to 1 or 0 forces it (read per call: tests
+ * and A/B runs switch it), else on for AMD CPUs. */
+static int forced_or_amd(const char *name) {
+    const char *v = getenv(name);
     if (v && (v[0] == '0' || v[0] == '1') && !v[1]) return v[0] == '1';
 #if defined(__x86_64__)
     return __builtin_cpu_is("amd");
@@ -229,6 +226,13 @@ static int bf16_mx_path_wanted(void) {
     return 0;
 #endif
 }
+
+/* Whether avx512bf16 runs MXFP4 on the MX path with vdpbf16ps (the bf16 MX path) or with the fp32
+ * kernels on the q-dq activations (same exact products, other fp32 summation order).  Measured:
+ * 1.1-1.3x faster than the fp32 kernels on AMD Zen 4 (docs/native.md, "Figures"), 1.1-1.7x
+ * slower on an Intel Sapphire Rapids-class Xeon ("AVX-512 pass"), so by vendor;
+ * KERNELSLOT_NATIVE_BF16_MX=1 / 0 forces it (read per call: tests switch it). */
+static int bf16_mx_path_wanted(void) { return forced_or_amd("KERNELSLOT_NATIVE_BF16_MX"); }
 
 /* Whether the AVX-512 variants run MXFP4 on the MX path with the VNNI integer kernels
  * (ks_mxint_avx512.c) where the CPU has AVX512_VNNI and the bf16 MX path is not chosen;
@@ -246,15 +250,7 @@ static int vnni_mx_wanted(void) {
  * expert, H = I = 1024): 4.62 against 6.19 cycles per 32 weights at T=1, 6.72 against 7.39 at T=2,
  * and slower from T=4 (13.0 against 9.5), hence only for <= 2 tokens; by vendor, like
  * bf16_mx_path_wanted.  KERNELSLOT_NATIVE_FP8_REBIAS=1 / 0 forces it (read per call). */
-static int fp8_rebias_wanted(void) {
-    const char *v = getenv("KERNELSLOT_NATIVE_FP8_REBIAS");
-    if (v && (v[0] == '0' || v[0] == '1') && !v[1]) return v[0] == '1';
-#if defined(__x86_64__)
-    return __builtin_cpu_is("amd");
-#else
-    return 0;
-#endif
-}
+static int fp8_rebias_wanted(void) { return forced_or_amd("KERNELSLOT_NATIVE_FP8_REBIAS"); }
 
 int ks_vnni_supported(void) {
 #if defined(__x86_64__)

@@ -13,8 +13,10 @@
  */
 #ifndef KS_NATIVE_H
 #define KS_NATIVE_H
+#include <math.h>
 #include <stdint.h>
 #include <stddef.h>
+#include <string.h>
 
 #define KS_TILE_ROWS 4
 #define KS_KBLOCK 32
@@ -187,6 +189,27 @@ void ks_mxfp8_rows_avx2(const float *x, float *y, uint8_t *codes, float *ev, uin
 void ks_mxfp8_rows_avx512(const float *x, float *y, uint8_t *codes, float *ev, uint8_t *scales,
                           const ks_mxplanes *p, int64_t n);
 #endif
+/* Shared by the vector quantisers (ks_mxfp8_avx2.c, ks_mxfp8_avx512.c). */
+static inline float ks_f32_bits(uint32_t b) { float f; memcpy(&f, &b, 4); return f; }
+/* 2^k for -149 <= k <= 127 as ldexpf(1.0f, k) gives it: exact, and a denormal one by a multiply,
+ * so that it is 0 under flush-to-zero, as the scalar code's ldexpf. */
+static inline float ks_pow2f(int k) {
+    return k >= -126 ? ks_f32_bits((uint32_t)(k + 127) << 23) : ks_f32_bits((uint32_t)(k + 127 + 64) << 23) * 0x1p-64f;
+}
+/* Block b's outputs for a block holding NaN or inf (scale byte 0xFF), as the scalar reference writes them. */
+static inline void ks_mxfp8_nan_block(int64_t b, float *y, uint8_t *codes, float *ev, uint8_t *scales,
+                                      const ks_mxplanes *p) {
+    if (y) for (int i = 0; i < 32; ++i) y[32 * b + i] = NAN;
+    if (codes) memset(codes + 32 * b, 0x7F, 32);
+    if (ev) memset(ev + 32 * b, 0, 32 * sizeof(float));
+    if (scales) scales[b] = 0xFF;
+    if (p) {
+        memset(p->hi + 32 * b, 0, 64);
+        memset(p->lo + 32 * b, 0, 64);
+        p->scale[2 * b] = p->scale[2 * b + 1] = NAN;
+        p->has_lo[b] = 0;
+    }
+}
 /* MXFP8 quantise-dequantise of n elements (n % 32 == 0). */
 void ks_mxfp8_qdq(int impl, const float *x, float *y, int64_t n);
 /* The same q-dq into y (may alias x) plus the exact int16 planes of the quantised values. */
