@@ -56,6 +56,7 @@ from kernelslot.kernels.native import (
     prepare_native_experts,
     warm_thread_pool,
 )
+from kernelslot.kernels.native.memory import huge_page_bytes
 from kernelslot.kernels.native.probe import ReadLimit
 
 
@@ -254,6 +255,14 @@ def probe_verdict(who: str, gbps: float, limit: float) -> str | None:
     return f"{who} {gbps:.1f} GB/s > probe {limit:.1f}" if gbps > limit else None
 
 
+def huge_page_share(prepared) -> float | None:
+    """Fraction of the prepared tiles' bytes the kernel backs with huge pages (None: unreadable);
+    KERNELSLOT_NATIVE_HUGEPAGES=0 runs ours on 4 KiB pages (docs/native.md, "Huge pages")."""
+    tiles = [t for p in prepared for t in (p.gate_up_tiles, p.down_tiles)]
+    got = [huge_page_bytes(t.data_ptr(), t.numel()) for t in tiles]
+    return None if None in got else min(1.0, sum(got) / sum(t.numel() for t in tiles))
+
+
 def run_case(c: Case, tokens, iters: int, threads: int, limit: ReadLimit, cpu_bandwidth: float,
              gen: torch.Generator, with_transformers: bool, peer_libs: list[str] | None = None) -> list[dict]:
     t0 = time.perf_counter()
@@ -265,8 +274,10 @@ def run_case(c: Case, tokens, iters: int, threads: int, limit: ReadLimit, cpu_ba
         gc.collect()
         peers = [Peer(lib, c, threads) for lib in peer_libs]
     per_expert = prepared[0].weight_bytes_per_expert
+    huge = huge_page_share(prepared)
     print(f"\n== {c.shape} {c.label}{' (MX path: MXFP8 activations)' if c.mx_path else ''}: E={c.E} H={c.H} I={c.I} K={c.K}, {c.layers} layer(s) rotated, "
           f"{per_expert / 1e6:.1f} MB/expert {('(' + c.note + ')') if c.note else ''}"
+          f"; our weights on huge pages: {'?' if huge is None else f'{100 * huge:.0f}%'}"
           f" [setup {time.perf_counter() - t0:.0f} s]")
     for pe in peers:
         print(f"   peer {pe.name}: {pe.describe}")
@@ -346,6 +357,7 @@ def run_case(c: Case, tokens, iters: int, threads: int, limit: ReadLimit, cpu_ba
                     speed[impl] = None
         fmtx = lambda v: f"{v:8.1f}" if v is not None else f"{'-':>8}"
         rec = {"shape": c.shape, "format": c.fmt, "label": c.label, "mx_path": c.mx_path, "T": T, "median_s": med, "weight_bytes": nbytes,
+               "huge_page_share": huge,
                "gbps": gbps, "fraction_of_bandwidth": gbps / row_bw, "read_probe_gbps": row_bw,
                "read_probe_methods": [m.name for m in limit.top],
                "speedup_vs_torch": speed["torch"],

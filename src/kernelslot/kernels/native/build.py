@@ -19,7 +19,8 @@ Environment: ``KERNELSLOT_NATIVE=0`` turns the fast path off; ``KERNELSLOT_NATIV
 by the CPU); ``KERNELSLOT_NATIVE_VNNI_MX=0`` keeps the AVX-512 variants off the VNNI integer MX path
 of MXFP4 (read per call); ``KERNELSLOT_NATIVE_MXFP8_SCALAR=1`` runs the scalar MXFP8 quantiser
 instead of its AVX2 / AVX-512 version (same bits; read per call); ``KERNELSLOT_NATIVE_BF16_MX`` / ``KERNELSLOT_NATIVE_FP8_REBIAS`` = 1 | 0
-force the per-vendor choices of docs/native.md, "Instruction sets". If anything fails the package keeps working on its torch paths and warns once.
+force the per-vendor choices of docs/native.md, "Instruction sets"; ``KERNELSLOT_NATIVE_HUGEPAGES=0`` prepares the
+weights on plain torch memory instead of memory advised for transparent huge pages (``memory.py``). If anything fails the package keeps working on its torch paths and warns once.
 """
 from __future__ import annotations
 

@@ -10,7 +10,8 @@ over I). FP4 (MXFP4, NVFP4) blocks store byte ``j = code[j] | code[j+16] << 4``,
 elements ``p+16``); data bytes per
 row-block: fp32 128, bf16/fp16 64, FP8 32, FP4 16; scale bytes: MX 1 (E8M0), NVFP4 2 (E4M3,
 one per 16 elements). Per-row fp32 scales (fp8_row), per-expert outer scales (nvfp4) and the
-biases stay in logical order as fp32 arrays. Weights are never modified.
+biases stay in logical order as fp32 arrays. Weights are never modified. The tiles live on memory
+advised for transparent huge pages (:func:`~kernelslot.kernels.native.memory.streamed_zeros`).
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch
 from kernelslot.kernels.experts_spec import ACTIVATIONS, ExpertActivation, ExpertWeights
 
 from . import build
+from .memory import streamed_zeros
 
 TILE_ROWS = 4
 KBLOCK = 32
@@ -152,8 +154,8 @@ def prepare_native_experts(weights: ExpertWeights) -> NativeExperts:
     t = torch.arange(I // 2)
     gu_order = torch.stack((2 * t, I + 2 * t, 2 * t + 1, I + 2 * t + 1), dim=1).reshape(-1).contiguous()
     dn_order = torch.arange(H)
-    gate_up_tiles = torch.zeros(E, I // 2, _tile_stride(kind, H), dtype=torch.uint8)
-    down_tiles = torch.zeros(E, H // TILE_ROWS, _tile_stride(kind, I), dtype=torch.uint8)
+    gate_up_tiles = streamed_zeros(E, I // 2, _tile_stride(kind, H))
+    down_tiles = streamed_zeros(E, H // TILE_ROWS, _tile_stride(kind, I))
     with torch.no_grad():
         for e in range(E):
             gs = weights.gate_up_scale[e] if kind in _SCALE_BYTES else None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
 from . import build
+from .memory import huge_page_bytes
 
 WIDTHS = (64, 128, 256, 512)        # bits per load: scalar, SSE2, AVX2, AVX-512F
 STREAMS = (1, 2, 4)                  # sequential streams per thread
@@ -81,20 +82,7 @@ class ProbeBuffer:
     def huge_bytes(self) -> Optional[int]:
         """Bytes of the buffer the kernel backs with huge pages (AnonHugePages of its mapping in
         /proc/self/smaps); None where that cannot be read."""
-        try:
-            with open("/proc/self/smaps") as f:
-                lines = f.read().splitlines()
-        except OSError:
-            return None
-        total, inside = 0, False
-        for line in lines:
-            head = line.split()[0] if line else ""
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(v, 16) for v in head.split("-"))
-                inside = lo < self.ptr + self.nbytes and hi > self.ptr
-            elif inside and head == "AnonHugePages:":
-                total += int(line.split()[1]) * 1024
-        return total
+        return huge_page_bytes(self.ptr, self.nbytes)
 
     def expected_sum(self, offset: int = 0, nbytes: Optional[int] = None) -> int:
         """The checksum a read of ``[offset, offset + nbytes)`` must return (from the fill formula)."""

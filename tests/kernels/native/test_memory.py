@@ -1,0 +1,91 @@
+"""Memory for the streamed weights (kernels/native/memory.py): zeroed, 2 MiB-aligned, advised for
+transparent huge pages, alive as long as a view is, granted huge pages where the kernel's THP mode
+allows them, and the same numbers from the kernels whatever memory the tiles sit on."""
+from __future__ import annotations
+
+import gc
+import mmap
+import re
+import sys
+
+import pytest
+import torch
+
+from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
+from kernelslot.kernels.native import expert_mlp_native, native_status, prepare_native_experts
+from kernelslot.kernels.native.memory import HUGE_PAGE, huge_page_bytes, streamed_zeros
+
+AVAILABLE, _, REASON = native_status()
+LINUX_MADVISE = sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
+
+
+def _thp_mode() -> str | None:
+    """The kernel's THP mode ('always', 'madvise', 'never'), None where it cannot be read."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            m = re.search(r"\[(\w+)\]", f.read())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+@pytest.mark.skipif(not LINUX_MADVISE, reason="needs Linux madvise(MADV_HUGEPAGE)")
+def test_streamed_zeros_is_zeroed_contiguous_and_2mib_aligned():
+    t = streamed_zeros(3, 5, 4096 + 64)
+    assert t.shape == (3, 5, 4160) and t.dtype == torch.uint8 and t.is_contiguous()
+    assert t.data_ptr() % HUGE_PAGE == 0
+    assert int(t.count_nonzero()) == 0
+    t[1, 2, 7] = 9  # writable, and element order is the plain row-major order
+    assert int(t.view(-1)[(1 * 5 + 2) * 4160 + 7]) == 9
+
+
+@pytest.mark.skipif(not LINUX_MADVISE, reason="needs Linux madvise(MADV_HUGEPAGE)")
+def test_a_view_keeps_the_mapping_alive():
+    t = streamed_zeros(4 << 20)
+    view = t[1 << 20:]
+    ptr = view.data_ptr()
+    del t
+    gc.collect()
+    view.fill_(5)  # would fault if the mapping had been unmapped with the first tensor
+    assert int(view[-1]) == 5 and view.data_ptr() == ptr
+
+
+def test_switch_off_gives_plain_zeros(monkeypatch):
+    monkeypatch.setenv("KERNELSLOT_NATIVE_HUGEPAGES", "0")
+    t = streamed_zeros(2, 3)
+    assert t.shape == (2, 3) and int(t.count_nonzero()) == 0
+    assert streamed_zeros(0, 3).shape == (0, 3)
+
+
+@pytest.mark.skipif(not LINUX_MADVISE or _thp_mode() not in ("always", "madvise"),
+                    reason=f"needs transparent huge pages in mode always or madvise (mode here: {_thp_mode()})")
+def test_the_kernel_grants_huge_pages():
+    t = streamed_zeros(16 << 20)
+    t.fill_(1)  # fault every page in
+    got = huge_page_bytes(t.data_ptr(), t.numel())
+    assert got is not None and got >= t.numel() // 2, f"only {got} of {t.numel()} bytes on huge pages"
+
+
+@pytest.mark.skipif(not AVAILABLE, reason=f"native path unavailable: {REASON}")
+@pytest.mark.parametrize("fmt", ("bf16", "mxfp4"))
+def test_prepared_tiles_on_either_memory_give_the_same_bits(monkeypatch, fmt):
+    gen = torch.Generator().manual_seed(3)
+    E, H, I, T = 4, 96, 64, 3
+    if fmt == "bf16":
+        w = ExpertWeights("dense", (torch.randn(E, 2 * I, H, generator=gen) * 0.2).bfloat16(),
+                          (torch.randn(E, H, I, generator=gen) * 0.2).bfloat16())
+    else:
+        u8 = lambda *s, lo=0, hi=256: torch.randint(lo, hi, s, dtype=torch.uint8, generator=gen)
+        w = ExpertWeights("mxfp4", u8(E, 2 * I, H // 2), u8(E, H, I // 2), u8(E, 2 * I, H // 32, lo=118, hi=123),
+                          u8(E, H, I // 32, lo=118, hi=123))
+    x, ids, wts = torch.randn(T, H, generator=gen), torch.randint(0, E, (T, 2), generator=gen), torch.rand(T, 2, generator=gen)
+    outs = []
+    for switch in ("1", "0"):
+        monkeypatch.setenv("KERNELSLOT_NATIVE_HUGEPAGES", switch)
+        prep = prepare_native_experts(w)
+        if switch == "1" and LINUX_MADVISE:
+            assert prep.gate_up_tiles.data_ptr() % HUGE_PAGE == 0 and prep.down_tiles.data_ptr() % HUGE_PAGE == 0
+        out = torch.zeros(T, H)
+        expert_mlp_native(x, ids, wts, prep, ExpertActivation("silu"), True, fmt == "mxfp4", out, num_threads=2)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
