@@ -298,7 +298,7 @@ INLINE void tile_dot_mxfp4_bf16(const int nt, const uint8_t *tile, int nkb, cons
 /* The same product for 1-2 tokens, cheaper per weight: an unscaled table (no per-block table
  * build) and each block's partial sum scaled into the accumulator by one FMA per token. */
 INLINE void tile_dot_mxfp4_bf16_few(const int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
-    const __m512i tab = bf16_base_table(), lo4 = _mm512_set1_epi16(0x0F);
+    const __m512i tab = bf16_base_table();
     __m512 acc[2][2];
 #pragma GCC unroll 2
     for (int q = 0; q < 2; ++q)
@@ -310,7 +310,8 @@ INLINE void tile_dot_mxfp4_bf16_few(const int nt, const uint8_t *tile, int nkb, 
 #pragma GCC unroll 2
         for (int q = 0; q < 2; ++q) {
             const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(blk + 32 * q)));
-            const __m512bh wl = (__m512bh)_mm512_permutexvar_epi16(_mm512_and_si512(w, lo4), tab);
+            /* vpermw reads index bits 0-4 and both table halves are equal: no mask for the low nibble */
+            const __m512bh wl = (__m512bh)_mm512_permutexvar_epi16(w, tab);
             const __m512bh wh = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), tab);
             const __m512 sv = _mm512_mask_broadcastss_ps(_mm512_set1_ps(ks_e8m0_lut[sc[2 * q]]), 0xFF00,
                                                          _mm_load_ss(&ks_e8m0_lut[sc[2 * q + 1]]));
