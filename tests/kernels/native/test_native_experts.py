@@ -495,6 +495,26 @@ def test_avx2_bf16_token_bits_do_not_depend_on_the_batch():
         assert torch.equal(part, group[lo:hi]), (lo, hi)
 
 
+@pytest.mark.skipif("avx512" not in ISAS, reason="needs AVX-512 F/BW/VL/DQ (this CPU lacks it)")
+@pytest.mark.parametrize("isa", [i for i in ("avx512", "avx512bf16") if i in ISAS])
+@pytest.mark.parametrize("fmt", ("f32", "bf16", "f16", "mxfp4", "nvfp4"))
+def test_avx512_token_bits_do_not_depend_on_the_batch(fmt, isa):
+    """On AVX-512 every format but FP8 runs fused passes of up to 5 tokens for any group size, each
+    (row, token) summed in one order: a token gives the same bits alone, beside one other, or in a
+    group of 12 on the same experts (fp32 activations; the MX path of MXFP4 has its own tests)."""
+    gen = torch.Generator().manual_seed(8)
+    w, *_ = _make_experts(fmt, gen, True)
+    prep = prepare_native_experts(w)
+    x = torch.randn(12, H, generator=gen)
+    ids, wts = torch.tensor([[1, 3, 4]] * 12), torch.rand(12, K, generator=gen)
+    group = torch.zeros(12, H)
+    expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, False, group, isa=isa)
+    for lo, hi in ((0, 1), (5, 6), (11, 12), (2, 4), (3, 9)):
+        part = torch.zeros(hi - lo, H)
+        expert_mlp_native(x[lo:hi], ids[lo:hi], wts[lo:hi], prep, ACTS["swigluoai"], True, False, part, isa=isa)
+        assert torch.equal(part, group[lo:hi]), (fmt, isa, lo, hi)
+
+
 @pytest.mark.skipif("avx2" not in ISAS, reason="needs AVX2")
 def test_avx2_integer_mx_path_is_exact_and_independent_of_batch():
     """MXFP4 on the MX path (AVX2): exact int16 activation planes x E2M1 integers, including

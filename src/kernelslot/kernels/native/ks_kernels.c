@@ -486,12 +486,20 @@ static inline void set_row(group_x *gx, int t, const act_rows *a, int64_t row) {
  * passes up to 4 tokens then decode-once kept the T=16 gain and lost nothing at T=32-64.  The
  * AVX2 integer MX path keeps decode-once above 2 tokens (passes were no faster).  AVX2 bf16
  * always runs passes: with its one-op decode, passes for every group size measured 1.02-1.12x
- * faster than decode-once above 4 tokens at T=16-64 (docs/native.md, "Fifth pass"). */
+ * faster than decode-once above 4 tokens at T=16-64 (docs/native.md, "Fifth pass").  On AVX-512
+ * every format but FP8 runs passes for every group size too (pass_max). */
 #ifndef KS_PASS_MAX
 #define KS_PASS_MAX (KS_ISA == 1 ? 4 : NT_MAX)
 #endif
-/* The largest group that runs as fused passes for format fmt. */
-static inline int pass_max(int fmt) { return KS_ISA == 1 && fmt == KS_BF16 ? KS_GROUP_MAX : KS_PASS_MAX; }
+/* The largest group that runs as fused passes for format fmt: every group for AVX2 bf16 and, on
+ * AVX-512, for every format but FP8 (passes of 5 tokens measured 1.15-1.35x faster than decode-once
+ * hot at 6-64 tokens on AMD Zen 4 for bf16, f32, f16, MXFP4 and NVFP4, and give the same bits;
+ * FP8, whose decode costs more, 0.97-1.10x: docs/native.md "Passes for every group on AVX-512"). */
+static inline int pass_max(int fmt) {
+    if (KS_ISA == 1 && fmt == KS_BF16) return KS_GROUP_MAX;
+    if (KS_ISA >= 2 && fmt != KS_FP8ROW && fmt != KS_MXFP8) return KS_GROUP_MAX;
+    return KS_PASS_MAX;
+}
 
 /* out[r * n + i] = <row r of tile tp, activations of pair i> for all n (<= KS_GROUP_MAX) pairs of a group:
  * n small -> decode fused with the dot; else the tile is decoded once and reused by every
