@@ -492,9 +492,10 @@ static inline void set_row(group_x *gx, int t, const act_rows *a, int64_t row) {
 #define KS_PASS_MAX (KS_ISA == 1 ? 4 : NT_MAX)
 #endif
 /* The largest group that runs as fused passes for format fmt: every group for AVX2 bf16 and, on
- * AVX-512, for every format but FP8 (passes of 5 tokens measured 1.15-1.35x faster than decode-once
+ * AVX-512, for every format but FP8 (passes of 5 tokens measured 1.12-1.35x faster than decode-once
  * hot at 6-64 tokens on AMD Zen 4 for bf16, f32, f16, MXFP4 and NVFP4, and give the same bits;
- * FP8, whose decode costs more, 0.97-1.10x: docs/native.md "Passes for every group on AVX-512"). */
+ * FP8, whose decode costs more, 0.97-1.10x: docs/native.md, Performance, "Passes for every group
+ * on AVX-512"). */
 static inline int pass_max(int fmt) {
     if (KS_ISA == 1 && fmt == KS_BF16) return KS_GROUP_MAX;
     if (KS_ISA >= 2 && fmt != KS_FP8ROW && fmt != KS_MXFP8) return KS_GROUP_MAX;
