@@ -13,7 +13,7 @@ import torch
 
 from kernelslot.kernels.experts_spec import ExpertActivation, ExpertWeights
 from kernelslot.kernels.native import expert_mlp_native, native_status, prepare_native_experts
-from kernelslot.kernels.native.memory import HUGE_PAGE, huge_page_bytes, streamed_zeros
+from kernelslot.kernels.native.memory import HUGE_PAGE, MIN_HUGE_BYTES, huge_page_bytes, streamed_zeros
 
 AVAILABLE, _, REASON = native_status()
 LINUX_MADVISE = sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
@@ -31,17 +31,30 @@ def _thp_mode() -> str | None:
 
 @pytest.mark.skipif(not LINUX_MADVISE, reason="needs Linux madvise(MADV_HUGEPAGE)")
 def test_streamed_zeros_is_zeroed_contiguous_and_2mib_aligned():
-    t = streamed_zeros(3, 5, 4096 + 64)
-    assert t.shape == (3, 5, 4160) and t.dtype == torch.uint8 and t.is_contiguous()
+    rows = MIN_HUGE_BYTES // (5 * 4160) + 1
+    t = streamed_zeros(rows, 5, 4096 + 64)
+    assert t.shape == (rows, 5, 4160) and t.dtype == torch.uint8 and t.is_contiguous()
     assert t.data_ptr() % HUGE_PAGE == 0
     assert int(t.count_nonzero()) == 0
     t[1, 2, 7] = 9  # writable, and element order is the plain row-major order
     assert int(t.view(-1)[(1 * 5 + 2) * 4160 + 7]) == 9
 
 
+def test_small_tensors_stay_on_plain_memory(monkeypatch):
+    """Below MIN_HUGE_BYTES no mapping is made (a huge page per small tensor would cost 2 MiB of
+    memory each); from it on one is."""
+    calls = []
+    real = mmap.mmap
+    monkeypatch.setattr(mmap, "mmap", lambda *a, **k: calls.append(a) or real(*a, **k))
+    t = streamed_zeros(MIN_HUGE_BYTES // 64 - 1, 64)
+    assert calls == [] and int(t.count_nonzero()) == 0
+    streamed_zeros(MIN_HUGE_BYTES // 64, 64)
+    assert len(calls) == (1 if LINUX_MADVISE else 0)
+
+
 @pytest.mark.skipif(not LINUX_MADVISE, reason="needs Linux madvise(MADV_HUGEPAGE)")
 def test_a_view_keeps_the_mapping_alive():
-    t = streamed_zeros(4 << 20)
+    t = streamed_zeros(MIN_HUGE_BYTES + (4 << 20))
     view = t[1 << 20:]
     ptr = view.data_ptr()
     del t
@@ -60,7 +73,7 @@ def test_switch_off_gives_plain_zeros(monkeypatch):
 @pytest.mark.skipif(not LINUX_MADVISE or _thp_mode() not in ("always", "madvise"),
                     reason=f"needs transparent huge pages in mode always or madvise (mode here: {_thp_mode()})")
 def test_the_kernel_grants_huge_pages():
-    t = streamed_zeros(16 << 20)
+    t = streamed_zeros(max(16 << 20, MIN_HUGE_BYTES))
     t.fill_(1)  # fault every page in
     got = huge_page_bytes(t.data_ptr(), t.numel())
     assert got is not None and got >= t.numel() // 2, f"only {got} of {t.numel()} bytes on huge pages"
@@ -70,7 +83,7 @@ def test_the_kernel_grants_huge_pages():
 @pytest.mark.parametrize("fmt", ("bf16", "mxfp4"))
 def test_prepared_tiles_on_either_memory_give_the_same_bits(monkeypatch, fmt):
     gen = torch.Generator().manual_seed(3)
-    E, H, I, T = 4, 96, 64, 3
+    E, H, I, T = 4, 2048, 1024, 3  # gate/up tiles above MIN_HUGE_BYTES in both formats
     if fmt == "bf16":
         w = ExpertWeights("dense", (torch.randn(E, 2 * I, H, generator=gen) * 0.2).bfloat16(),
                           (torch.randn(E, H, I, generator=gen) * 0.2).bfloat16())
@@ -84,7 +97,7 @@ def test_prepared_tiles_on_either_memory_give_the_same_bits(monkeypatch, fmt):
         monkeypatch.setenv("KERNELSLOT_NATIVE_HUGEPAGES", switch)
         prep = prepare_native_experts(w)
         if switch == "1" and LINUX_MADVISE:
-            assert prep.gate_up_tiles.data_ptr() % HUGE_PAGE == 0 and prep.down_tiles.data_ptr() % HUGE_PAGE == 0
+            assert prep.gate_up_tiles.numel() >= MIN_HUGE_BYTES and prep.gate_up_tiles.data_ptr() % HUGE_PAGE == 0
         out = torch.zeros(T, H)
         expert_mlp_native(x, ids, wts, prep, ExpertActivation("silu"), True, fmt == "mxfp4", out, num_threads=2)
         outs.append(out)

@@ -20,6 +20,11 @@ from typing import Optional
 import torch
 
 HUGE_PAGE = 2 << 20
+# Smaller tensors stay on plain memory: a huge page faulted in for a few KiB of tiles would cost
+# 2 MiB of RSS each (tests and small models prepare many), and at this size the page walks and
+# prefetcher restarts huge pages save are a small share of a call.  From 8 MiB the rounding up to
+# whole huge pages costs at most a quarter more memory.
+MIN_HUGE_BYTES = 8 << 20
 
 
 def hugepages_wanted() -> bool:
@@ -28,13 +33,14 @@ def hugepages_wanted() -> bool:
 
 
 def streamed_zeros(*shape: int) -> torch.Tensor:
-    """A zeroed contiguous ``uint8`` tensor of ``shape`` whose first byte is 2 MiB-aligned, on
-    memory advised for huge pages (see the module doc; ``torch.zeros`` where that is not
-    possible). The tensor keeps its mapping alive; the mapping is unmapped with the last view."""
+    """A zeroed contiguous ``uint8`` tensor of ``shape``: from :data:`MIN_HUGE_BYTES` on, its
+    first byte 2 MiB-aligned on memory advised for huge pages (see the module doc); smaller, or
+    where that is not possible, ``torch.zeros``. The tensor keeps its mapping alive; the mapping
+    is unmapped with the last view."""
     n = math.prod(shape)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    if n == 0 or advice is None or not flags or not hugepages_wanted():
+    if n < MIN_HUGE_BYTES or advice is None or not flags or not hugepages_wanted():
         return torch.zeros(shape, dtype=torch.uint8)
     try:
         mem = mmap.mmap(-1, n + HUGE_PAGE, flags=flags)
