@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from unittest import mock
 
 import torch
 
@@ -30,15 +31,8 @@ from kernelslot.kernels.native import (default_threads, expert_mlp_native, nativ
 
 
 def prepare(w, huge: bool):
-    old = os.environ.get("KERNELSLOT_NATIVE_HUGEPAGES")
-    os.environ["KERNELSLOT_NATIVE_HUGEPAGES"] = "1" if huge else "0"
-    try:
+    with mock.patch.dict(os.environ, {"KERNELSLOT_NATIVE_HUGEPAGES": "1" if huge else "0"}):
         return prepare_native_experts(w)
-    finally:
-        if old is None:
-            del os.environ["KERNELSLOT_NATIVE_HUGEPAGES"]
-        else:
-            os.environ["KERNELSLOT_NATIVE_HUGEPAGES"] = old
 
 
 def main() -> int:

@@ -257,7 +257,7 @@ def probe_verdict(who: str, gbps: float, limit: float) -> str | None:
 
 def huge_page_share(prepared) -> float | None:
     """Fraction of the prepared tiles' bytes the kernel backs with huge pages (None: unreadable);
-    KERNELSLOT_NATIVE_HUGEPAGES=0 runs ours on 4 KiB pages (docs/native.md, "Huge pages")."""
+    KERNELSLOT_NATIVE_HUGEPAGES=0 runs ours on 4 KiB pages (docs/native.md, "Huge pages for the prepared weights")."""
     tiles = [t for p in prepared for t in (p.gate_up_tiles, p.down_tiles)]
     got = [huge_page_bytes(t.data_ptr(), t.numel()) for t in tiles]
     return None if None in got else min(1.0, sum(got) / sum(t.numel() for t in tiles))

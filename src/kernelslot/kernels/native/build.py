@@ -181,8 +181,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ks_vnni_supported.argtypes = []
 
 
+def switched_off(name: str) -> bool:
+    """Whether the environment switch ``name`` is set to 0 / off / false / no (unset: on)."""
+    return os.environ.get(name, "1").strip().lower() in ("0", "off", "false", "no")
+
+
 def _load() -> _Loaded:
-    if os.environ.get("KERNELSLOT_NATIVE", "1").strip().lower() in ("0", "off", "false", "no"):
+    if switched_off("KERNELSLOT_NATIVE"):
         return _Loaded(None, "none", "disabled by KERNELSLOT_NATIVE=0")
     cc = _compiler()
     if cc is None:

@@ -10,8 +10,8 @@ over I). FP4 (MXFP4, NVFP4) blocks store byte ``j = code[j] | code[j+16] << 4``,
 elements ``p+16``); data bytes per
 row-block: fp32 128, bf16/fp16 64, FP8 32, FP4 16; scale bytes: MX 1 (E8M0), NVFP4 2 (E4M3,
 one per 16 elements). Per-row fp32 scales (fp8_row), per-expert outer scales (nvfp4) and the
-biases stay in logical order as fp32 arrays. Weights are never modified. The tiles live on memory
-advised for transparent huge pages (:func:`~kernelslot.kernels.native.memory.streamed_zeros`).
+biases stay in logical order as fp32 arrays. Weights are never modified. Tile tensors from 8 MiB on
+live on memory advised for transparent huge pages (:func:`~kernelslot.kernels.native.memory.streamed_zeros`).
 """
 from __future__ import annotations
 

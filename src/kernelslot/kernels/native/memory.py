@@ -4,8 +4,9 @@
 for transparent huge pages (``madvise(MADV_HUGEPAGE)`` before the first touch), so the kernel can
 back it with 2 MiB pages: a cold read of an expert then walks one page-table entry per 2 MiB
 instead of one per 4 KiB, and the hardware prefetchers are not cut off at every 4 KiB (cold
-GPT-OSS-shape calls on AMD Zen 4 measured 1.03-1.10x faster, docs/native.md "Huge pages for the
-prepared weights"). Where the platform has no ``madvise`` (non-Linux), the mapping fails, or
+GPT-OSS-shape calls on AMD Zen 4 measured 0.99-1.08x, about 1.03x in the median: docs/native.md,
+Performance, "Huge pages for the prepared weights"). Tensors under :data:`MIN_HUGE_BYTES` stay on
+plain memory. Where the platform has no ``madvise`` (non-Linux), the mapping fails, or
 ``KERNELSLOT_NATIVE_HUGEPAGES=0`` (read per call, for A/B runs), it is plain ``torch.zeros``.
 Whether the kernel grants huge pages is its choice (THP mode ``always`` or ``madvise``, free
 2 MiB blocks); :func:`huge_page_bytes` reads what it granted.
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 from typing import Optional
 
 import torch
+
+from .build import switched_off
 
 HUGE_PAGE = 2 << 20
 # Smaller tensors stay on plain memory: a huge page faulted in for a few KiB of tiles would cost
@@ -25,11 +27,6 @@ HUGE_PAGE = 2 << 20
 # prefetcher restarts huge pages save are a small share of a call.  From 8 MiB the rounding up to
 # whole huge pages costs at most a quarter more memory.
 MIN_HUGE_BYTES = 8 << 20
-
-
-def hugepages_wanted() -> bool:
-    """False when ``KERNELSLOT_NATIVE_HUGEPAGES`` is 0/off/false/no."""
-    return os.environ.get("KERNELSLOT_NATIVE_HUGEPAGES", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def streamed_zeros(*shape: int) -> torch.Tensor:
@@ -40,7 +37,7 @@ def streamed_zeros(*shape: int) -> torch.Tensor:
     n = math.prod(shape)
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    if n < MIN_HUGE_BYTES or advice is None or not flags or not hugepages_wanted():
+    if n < MIN_HUGE_BYTES or advice is None or not flags or switched_off("KERNELSLOT_NATIVE_HUGEPAGES"):
         return torch.zeros(shape, dtype=torch.uint8)
     try:
         mem = mmap.mmap(-1, n + HUGE_PAGE, flags=flags)
