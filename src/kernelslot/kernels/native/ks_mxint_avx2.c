@@ -7,13 +7,14 @@
  * |lo| < 8): two int16 "planes" (ks_mxfp8_planes; lo is non-zero only for |r| < 2^-3, flagged
  * per block).  One pshufb maps codes to W as int8; a shift / a mask turn the even / odd bytes
  * into int16 words 256·W; vpmaddwd multiplies them with the planes and sums pairs in int32.
- * Per block and row each lane adds 8 products: |sum| <= 8·256·12·28672 < 2^31, and the sum is
- * 256·S with |S| < 2^22, so the int32 -> fp32 conversion is exact.  Then one fp32 multiply by
+ * The two row pairs of a tile block are then folded into one vector (unpack + add): per block
+ * each lane holds 16 products of one row, |sum| <= 16·256·12·28672 < 2^31, and the sum is
+ * 256·S with |S| < 2^23, so the int32 -> fp32 conversion is exact.  Then one fp32 multiply by
  * the weight scale 2^(sw-127) (exact) and one FMA by the plane scale 2^(sb-142) (hi) or
  * 2^(sb-145) (lo) add the block into an fp32 accumulator: each 32-block's dot product with a
  * plane is exact up to one fp32 rounding, and these are summed in fp32 in a fixed order (the hi
  * parts of all blocks, kb ascending, then the lo parts of the flagged blocks, kb ascending, the
- * 4 lanes of a row summed at the end) that is the same in the fused and the decode-once
+ * 2 lanes of a row summed at the end) that is the same in the fused and the decode-once
  * kernels, so results depend neither on the thread count nor on how many tokens share the
  * expert. The lo parts come last so that the block loop has no branch (a branch there kept the
  * accumulators in memory).
@@ -21,8 +22,11 @@
  * Layout: one 32-byte load holds two rows of a block (lane 0 row a, lane 1 row b; byte j =
  * codes j, j+16), giving 4 vectors of 8 words per lane: elements {0,2..14}, {1,3..15},
  * {16,18..30}, {17,19..31} — the order the planes are stored in, each 8-word group broadcast
- * to both lanes (vbroadcastf128: a load, no shuffle uop).  Per 64 weights: 1 load, 3 nibble ops,
- * 2 pshufb, 4 shift/mask, and per token 4 vpmaddwd, 3 adds, 1 convert, 1 mul, 1 FMA.
+ * to both lanes (vbroadcastf128: a load, no shuffle uop).  Per 128 weights (a tile block):
+ * 2 loads, 6 nibble ops, 4 pshufb, 8 shift/mask, the rows' scales (4 loads, 3 shuffles), and per
+ * token 8 vpmaddwd, 8 adds, 2 unpacks, 1 convert, 1 mul, 1 FMA; one accumulator per token.
+ * vpmaddwd (ymm) issues once per cycle on AMD Zen 4 (measured), so its floor there is 2 core
+ * cycles per 32 weights and token.
  */
 #include "ks_native.h"
 #include <immintrin.h>
@@ -45,32 +49,42 @@ INLINE void decode_pair(const uint8_t *d, __m256i v[4]) {
     v[3] = _mm256_and_si256(hi, odd);
 }
 
-/* [2^(sa-127) x4 | 2^(sb-127) x4] for the rows of a pair (scale bytes sc[0], sc[1]). */
-INLINE __m256 pair_scale(const uint8_t *sc) {
-    return _mm256_set_m128(_mm_broadcast_ss(&ks_e8m0_lut[sc[1]]), _mm_broadcast_ss(&ks_e8m0_lut[sc[0]]));
+/* The scales 2^(s-127) of a block's 4 rows in the order of tile_sums' lanes:
+ * [s0 s2 s0 s2 | s1 s3 s1 s3] (4 broadcast loads from ks_e8m0_lut, 3 shuffles). */
+INLINE __m256 tile_scale(const uint8_t *sc) {
+    const __m128 a = _mm_broadcast_ss(&ks_e8m0_lut[sc[0]]), b = _mm_broadcast_ss(&ks_e8m0_lut[sc[1]]);
+    const __m128 c = _mm_broadcast_ss(&ks_e8m0_lut[sc[2]]), d = _mm_broadcast_ss(&ks_e8m0_lut[sc[3]]);
+    return _mm256_set_m128(_mm_unpacklo_ps(b, d), _mm_unpacklo_ps(a, c));
 }
 /* The 8 words at p in both lanes (vbroadcastf128: a load, no shuffle uop). */
 #define BC(p) _mm256_castps_si256(_mm256_broadcast_ps((const __m128 *)(p)))
 
-/* fp32 of the 4 lane sums per row (exact): v against one plane block q (32 int16). */
-INLINE __m256 pair_dot(const __m256i v[4], const int16_t *q) {
-    const __m256i p0 = _mm256_madd_epi16(v[0], BC(q)), p1 = _mm256_madd_epi16(v[1], BC(q + 8));
-    const __m256i p2 = _mm256_madd_epi16(v[2], BC(q + 16)), p3 = _mm256_madd_epi16(v[3], BC(q + 24));
-    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+/* One token's plane block (32 int16, the 4 groups each in both lanes). */
+typedef struct { __m256i g[4]; } act_block;
+INLINE act_block load_act(const int16_t *q) {
+    act_block a = {{BC(q), BC(q + 8), BC(q + 16), BC(q + 24)}};
+    return a;
+}
+/* int32 lane sums of a row pair's block against one token: [row a: 4 | row b: 4], 8 products each. */
+INLINE __m256i pair_isum(const __m256i v[4], const act_block *a) {
+    const __m256i p0 = _mm256_madd_epi16(v[0], a->g[0]), p1 = _mm256_madd_epi16(v[1], a->g[1]);
+    const __m256i p2 = _mm256_madd_epi16(v[2], a->g[2]), p3 = _mm256_madd_epi16(v[3], a->g[3]);
+    return _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3));
+}
+/* fp32 of the tile block's 8 lane sums [r0 r2 r0 r2 | r1 r3 r1 r3] (16 products each) from the
+ * two pairs' int32 sums (exact: |sum| <= 16·256·12·28672 < 2^31, and it is 256·S, |S| < 2^23). */
+INLINE __m256 tile_sums(__m256i sa, __m256i sb) {
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_unpacklo_epi32(sa, sb), _mm256_unpackhi_epi32(sa, sb)));
+}
+/* acc += one block's lane sums times the rows' scales ws times the token's plane scale ps. */
+INLINE __m256 add_block(__m256 acc, __m256 sums, __m256 ws, const float *ps) {
+    return _mm256_fmadd_ps(_mm256_mul_ps(sums, ws), _mm256_broadcast_ss(ps), acc);
 }
 
 /* One token's planes, unpacked for the inner loops. */
 typedef struct { const int16_t *hi, *lo; const float *scale; const uint8_t *has_lo; } tok;
 INLINE void load_toks(const int nt, const ks_mxplanes *const *x, tok *t) {
     for (int i = 0; i < nt; ++i) t[i] = (tok){x[i]->hi, x[i]->lo, x[i]->scale, x[i]->has_lo};
-}
-
-/* acc += block kb of one pair against one token's hi plane (lo: its lo plane). */
-INLINE __m256 hi_block(__m256 acc, const __m256i v[4], __m256 ws, const tok *x, int kb) {
-    return _mm256_fmadd_ps(_mm256_mul_ps(pair_dot(v, x->hi + 32 * kb), ws), _mm256_broadcast_ss(x->scale + 2 * kb), acc);
-}
-INLINE __m256 lo_block(__m256 acc, const __m256i v[4], __m256 ws, const tok *x, int kb) {
-    return _mm256_fmadd_ps(_mm256_mul_ps(pair_dot(v, x->lo + 32 * kb), ws), _mm256_broadcast_ss(x->scale + 2 * kb + 1), acc);
 }
 
 /* Bits i of the flags f[0..n) (n <= 32 used) that are non-zero; never reads past f + n. */
@@ -90,44 +104,64 @@ INLINE uint32_t lo_bits(const uint8_t *f, int n) {
             BODY                                                              \
         }
 
-INLINE void pair_sums(__m256 a, float *ra, float *rb) {
-    const __m128 s = _mm_hadd_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    const __m128 t = _mm_hadd_ps(s, s);
-    *ra = _mm_cvtss_f32(t);
-    *rb = _mm_cvtss_f32(_mm_shuffle_ps(t, t, 1));
+/* res[r * ld] = the sum of row r's two lanes of acc (r = 0..3). */
+INLINE void tile_store(__m256 acc, float *res, int ld) {
+    const __m128 l = _mm256_castps256_ps128(acc), h = _mm256_extractf128_ps(acc, 1); /* r0 r2 r0 r2 | r1 r3 r1 r3 */
+    const __m128 a = _mm_add_ps(l, _mm_movehl_ps(l, l)), b = _mm_add_ps(h, _mm_movehl_ps(h, h)); /* r0 r2, r1 r3 */
+    res[0] = _mm_cvtss_f32(a);
+    res[ld] = _mm_cvtss_f32(b);
+    res[2 * ld] = _mm_cvtss_f32(_mm_shuffle_ps(a, a, 1));
+    res[3 * ld] = _mm_cvtss_f32(_mm_shuffle_ps(b, b, 1));
 }
+
+/* One tile block against one token's plane (hi, or lo with its scale), decoded from the tile. */
+INLINE __m256 lo_block(__m256 acc, const uint8_t *blk, const tok *x, int kb) {
+    __m256i va[4], vb[4];
+    decode_pair(blk, va);
+    decode_pair(blk + 32, vb);
+    const act_block a = load_act(x->lo + 32 * kb);
+    return add_block(acc, tile_sums(pair_isum(va, &a), pair_isum(vb, &a)), tile_scale(blk + R * 16), x->scale + 2 * kb + 1);
+}
+
+/* The hi pass of the fused kernel for nt (1 or 2) tokens: acc[t].  Not inlined into the lo pass:
+ * with both in one function GCC kept the accumulators in memory (a store-to-load round trip on
+ * the loop-carried chain, ~1.4x slower). */
+#define FUSED_HI(NT)                                                                              \
+    static __attribute__((noinline)) void fused_hi_##NT(const uint8_t *tile, int nkb, const tok *x, __m256 *acc) { \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;                                           \
+        for (int kb = 0; kb < nkb; ++kb) {                                                        \
+            const uint8_t *blk = tile + (int64_t)kb * R * 17;                                     \
+            _mm_prefetch((const char *)(blk + 4096), _MM_HINT_T0);                                \
+            _mm_prefetch((const char *)(blk + 4096 + 64), _MM_HINT_T0);                           \
+            const act_block a0 = load_act(x[0].hi + 32 * kb);                                     \
+            act_block a1;                                                                         \
+            if (NT == 2) a1 = load_act(x[1].hi + 32 * kb);                                        \
+            __m256i v[4];                                                                         \
+            decode_pair(blk, v);                                                                  \
+            const __m256i sa0 = pair_isum(v, &a0), sa1 = NT == 2 ? pair_isum(v, &a1) : sa0;       \
+            decode_pair(blk + 32, v);                                                             \
+            const __m256i sb0 = pair_isum(v, &a0), sb1 = NT == 2 ? pair_isum(v, &a1) : sb0;       \
+            const __m256 ws = tile_scale(blk + R * 16);                                           \
+            acc0 = add_block(acc0, tile_sums(sa0, sb0), ws, x[0].scale + 2 * kb);                 \
+            if (NT == 2) acc1 = add_block(acc1, tile_sums(sa1, sb1), ws, x[1].scale + 2 * kb);    \
+        }                                                                                         \
+        acc[0] = acc0;                                                                            \
+        if (NT == 2) acc[1] = acc1;                                                               \
+    }
+FUSED_HI(1)
+FUSED_HI(2)
 
 /* Decode fused with the dot for nt (1 or 2) tokens: res[r * nt + t]. */
 INLINE void fused(const int nt, const uint8_t *tile, int nkb, const ks_mxplanes *const *xp, float *res) {
     tok x[2];
     load_toks(nt, xp, x);
-    __m256 acc[2][2];
-    for (int p = 0; p < 2; ++p)
-        for (int t = 0; t < nt; ++t) acc[p][t] = _mm256_setzero_ps();
-    for (int kb = 0; kb < nkb; ++kb) {
-        const uint8_t *blk = tile + (int64_t)kb * R * 17;
-        _mm_prefetch((const char *)(blk + 4096), _MM_HINT_T0);
-        _mm_prefetch((const char *)(blk + 4096 + 64), _MM_HINT_T0);
-#pragma GCC unroll 2
-        for (int p = 0; p < 2; ++p) {
-            __m256i v[4];
-            decode_pair(blk + 32 * p, v);
-            const __m256 ws = pair_scale(blk + R * 16 + 2 * p);
-#pragma GCC unroll 2
-            for (int t = 0; t < nt; ++t) acc[p][t] = hi_block(acc[p][t], v, ws, &x[t], kb);
-        }
+    __m256 acc[2];
+    if (nt == 1) fused_hi_1(tile, nkb, x, acc);
+    else fused_hi_2(tile, nkb, x, acc);
+    for (int t = 0; t < nt; ++t) {
+        FOR_LO_BLOCKS(&x[t], nkb, kb, { acc[t] = lo_block(acc[t], tile + (int64_t)kb * R * 17, &x[t], kb); })
+        tile_store(acc[t], res + t, nt);
     }
-    for (int t = 0; t < nt; ++t)
-        FOR_LO_BLOCKS(&x[t], nkb, kb, {
-            const uint8_t *blk = tile + (int64_t)kb * R * 17;
-            for (int p = 0; p < 2; ++p) {
-                __m256i v[4];
-                decode_pair(blk + 32 * p, v);
-                acc[p][t] = lo_block(acc[p][t], v, pair_scale(blk + R * 16 + 2 * p), &x[t], kb);
-            }
-        })
-    for (int p = 0; p < 2; ++p)
-        for (int t = 0; t < nt; ++t) pair_sums(acc[p][t], &res[(2 * p) * nt + t], &res[(2 * p + 1) * nt + t]);
 }
 
 void ks_mxint_tile_fused_avx2(int nt, const uint8_t *tile, int nkb, const ks_mxplanes *const *x, float *res) {
@@ -135,48 +169,45 @@ void ks_mxint_tile_fused_avx2(int nt, const uint8_t *tile, int nkb, const ks_mxp
     else fused(2, tile, nkb, x, res);
 }
 
-/* One decoded pair block in the scratch: the 4 weight vectors and the scale vector. */
-typedef struct { __m256i v[4]; __m256 ws; } dec_block;
+/* One decoded tile block in the scratch: both pairs' weight vectors and the rows' scales. */
+typedef struct { __m256i va[4], vb[4]; __m256 ws; } dec_block;
 
-size_t ks_mxint_scratch_bytes(int nkb) { return (size_t)2 * nkb * sizeof(dec_block); }
+size_t ks_mxint_scratch_bytes(int nkb) { return (size_t)nkb * sizeof(dec_block); }
 
-/* Decode a tile once into buf ([pair][kb], ks_mxint_scratch_bytes(nkb), 32-byte aligned). */
+/* Decode a tile once into buf ([kb], ks_mxint_scratch_bytes(nkb), 32-byte aligned). */
 void ks_mxint_tile_decode_avx2(const uint8_t *tile, int nkb, void *buf) {
     dec_block *o = (dec_block *)buf;
     for (int kb = 0; kb < nkb; ++kb) {
         const uint8_t *blk = tile + (int64_t)kb * R * 17;
         _mm_prefetch((const char *)(blk + 4096), _MM_HINT_T0);
         _mm_prefetch((const char *)(blk + 4096 + 64), _MM_HINT_T0);
-        for (int p = 0; p < 2; ++p) {
-            dec_block *d = o + (int64_t)p * nkb + kb;
-            decode_pair(blk + 32 * p, d->v);
-            d->ws = pair_scale(blk + R * 16 + 2 * p);
-        }
+        decode_pair(blk, o[kb].va);
+        decode_pair(blk + 32, o[kb].vb);
+        o[kb].ws = tile_scale(blk + R * 16);
     }
 }
 
-#define NB_REG 4 /* tokens per pass over the decoded tile: the weight vectors stay in registers */
-/* The decoded tile against nt <= NB_REG tokens, one pair at a time: res[r * ldr + t]. */
+/* The decoded block d against one token's plane block at q (weights read from the scratch). */
+INLINE __m256 dec_sums(const dec_block *d, const int16_t *q) {
+    const act_block a = load_act(q);
+    return tile_sums(pair_isum(d->va, &a), pair_isum(d->vb, &a));
+}
+
+#define NB_REG 4 /* tokens per pass over the decoded tile */
+/* The decoded tile against nt <= NB_REG tokens: res[r * ldr + t]. */
 INLINE void buffered(const int nt, const void *buf, int nkb, const ks_mxplanes *const *xp, float *res, int ldr) {
     const dec_block *b = (const dec_block *)buf;
     tok x[NB_REG];
     load_toks(nt, xp, x);
-    for (int p = 0; p < 2; ++p) {
-        __m256 acc[NB_REG];
-        for (int t = 0; t < nt; ++t) acc[t] = _mm256_setzero_ps();
-        for (int kb = 0; kb < nkb; ++kb) {
-            const dec_block *d = b + (int64_t)p * nkb + kb;
-            __m256i v[4] = {d->v[0], d->v[1], d->v[2], d->v[3]};
-            const __m256 ws = d->ws;
+    __m256 acc[NB_REG];
+    for (int t = 0; t < nt; ++t) acc[t] = _mm256_setzero_ps();
+    for (int kb = 0; kb < nkb; ++kb) {
 #pragma GCC unroll 4
-            for (int t = 0; t < nt; ++t) acc[t] = hi_block(acc[t], v, ws, &x[t], kb);
-        }
-        for (int t = 0; t < nt; ++t)
-            FOR_LO_BLOCKS(&x[t], nkb, kb, {
-                const dec_block *d = b + (int64_t)p * nkb + kb;
-                acc[t] = lo_block(acc[t], d->v, d->ws, &x[t], kb);
-            })
-        for (int t = 0; t < nt; ++t) pair_sums(acc[t], &res[(2 * p) * ldr + t], &res[(2 * p + 1) * ldr + t]);
+        for (int t = 0; t < nt; ++t) acc[t] = add_block(acc[t], dec_sums(b + kb, x[t].hi + 32 * kb), b[kb].ws, x[t].scale + 2 * kb);
+    }
+    for (int t = 0; t < nt; ++t) {
+        FOR_LO_BLOCKS(&x[t], nkb, kb, { acc[t] = add_block(acc[t], dec_sums(b + kb, x[t].lo + 32 * kb), b[kb].ws, x[t].scale + 2 * kb + 1); })
+        tile_store(acc[t], res + t, ldr);
     }
 }
 

@@ -14,8 +14,8 @@
  * 2^(sb-137) lo: planes with w_log2 = 0) add the block into one fp32 accumulator per (row, token).  Order: every block's
  * hi part, kb ascending, then the lo parts of the flagged blocks, kb ascending — the same in the
  * fused (few tokens) and the decode-once kernels, so the bits depend neither on the thread count
- * nor on how many tokens share the expert.  (Not the AVX2 kernels' bits: they keep 4 partial
- * fp32 sums per row, lanes of 8 products.)
+ * nor on how many tokens share the expert.  (Not the AVX2 kernels' bits: they keep 2 partial
+ * fp32 sums per row, lanes of 16 products.)
  *
  * Decode of a block (4 tiles of 64 code bytes, byte j of a row = codes j | j+16 << 4): a
  * 2-level vpermt2d transpose makes D_m, whose lane i is dword m (bytes 4m..4m+3) of row i; then
