@@ -64,10 +64,17 @@ def test_a_view_keeps_the_mapping_alive():
 
 
 def test_switch_off_gives_plain_zeros(monkeypatch):
+    """KERNELSLOT_NATIVE_HUGEPAGES=0: even a tensor above MIN_HUGE_BYTES gets no mapping."""
+    calls = []
+    real = mmap.mmap
+    monkeypatch.setattr(mmap, "mmap", lambda *a, **k: calls.append(a) or real(*a, **k))
     monkeypatch.setenv("KERNELSLOT_NATIVE_HUGEPAGES", "0")
-    t = streamed_zeros(2, 3)
-    assert t.shape == (2, 3) and int(t.count_nonzero()) == 0
+    t = streamed_zeros(MIN_HUGE_BYTES // 64, 64)
+    assert calls == [] and t.shape == (MIN_HUGE_BYTES // 64, 64) and int(t.count_nonzero()) == 0
     assert streamed_zeros(0, 3).shape == (0, 3)
+    monkeypatch.setenv("KERNELSLOT_NATIVE_HUGEPAGES", "1")
+    streamed_zeros(MIN_HUGE_BYTES // 64, 64)
+    assert len(calls) == (1 if LINUX_MADVISE else 0)
 
 
 @pytest.mark.skipif(not LINUX_MADVISE or _thp_mode() not in ("always", "madvise"),
