@@ -40,16 +40,22 @@ def test_streamed_zeros_is_zeroed_contiguous_and_2mib_aligned():
     assert int(t.view(-1)[(1 * 5 + 2) * 4160 + 7]) == 9
 
 
-def test_small_tensors_stay_on_plain_memory(monkeypatch):
-    """Below MIN_HUGE_BYTES no mapping is made (a huge page per small tensor would cost 2 MiB of
-    memory each); from it on one is."""
+@pytest.fixture
+def mmap_calls(monkeypatch) -> list:
+    """The arguments of every mmap.mmap call made while the test runs (the mappings are still made)."""
     calls = []
     real = mmap.mmap
     monkeypatch.setattr(mmap, "mmap", lambda *a, **k: calls.append(a) or real(*a, **k))
+    return calls
+
+
+def test_small_tensors_stay_on_plain_memory(mmap_calls):
+    """Below MIN_HUGE_BYTES no mapping is made (a huge page per small tensor would cost 2 MiB of
+    memory each); from it on one is."""
     t = streamed_zeros(MIN_HUGE_BYTES // 64 - 1, 64)
-    assert calls == [] and int(t.count_nonzero()) == 0
+    assert mmap_calls == [] and int(t.count_nonzero()) == 0
     streamed_zeros(MIN_HUGE_BYTES // 64, 64)
-    assert len(calls) == (1 if LINUX_MADVISE else 0)
+    assert len(mmap_calls) == (1 if LINUX_MADVISE else 0)
 
 
 @pytest.mark.skipif(not LINUX_MADVISE, reason="needs Linux madvise(MADV_HUGEPAGE)")
@@ -63,18 +69,15 @@ def test_a_view_keeps_the_mapping_alive():
     assert int(view[-1]) == 5 and view.data_ptr() == ptr
 
 
-def test_switch_off_gives_plain_zeros(monkeypatch):
+def test_switch_off_gives_plain_zeros(monkeypatch, mmap_calls):
     """KERNELSLOT_NATIVE_HUGEPAGES=0: even a tensor above MIN_HUGE_BYTES gets no mapping."""
-    calls = []
-    real = mmap.mmap
-    monkeypatch.setattr(mmap, "mmap", lambda *a, **k: calls.append(a) or real(*a, **k))
     monkeypatch.setenv("KERNELSLOT_NATIVE_HUGEPAGES", "0")
     t = streamed_zeros(MIN_HUGE_BYTES // 64, 64)
-    assert calls == [] and t.shape == (MIN_HUGE_BYTES // 64, 64) and int(t.count_nonzero()) == 0
+    assert mmap_calls == [] and t.shape == (MIN_HUGE_BYTES // 64, 64) and int(t.count_nonzero()) == 0
     assert streamed_zeros(0, 3).shape == (0, 3)
     monkeypatch.setenv("KERNELSLOT_NATIVE_HUGEPAGES", "1")
     streamed_zeros(MIN_HUGE_BYTES // 64, 64)
-    assert len(calls) == (1 if LINUX_MADVISE else 0)
+    assert len(mmap_calls) == (1 if LINUX_MADVISE else 0)
 
 
 @pytest.mark.skipif(not LINUX_MADVISE or _thp_mode() not in ("always", "madvise"),
