@@ -263,9 +263,12 @@ class MatchedRatio:
     rtol: float | None = None
     outlier_factor: float = 8.0
     row_scaled_atol: bool = False  # match with atol × rms(expected row), also above 1: outputs far from unit scale
+    # the least atol and rtol whatever the dtype: an ill-conditioned profile's compute-precision floor
+    # (attention with logits s² times unit scale: a float32 kernel's rounding grows with them)
+    min_tol: float = 0.0
 
     def compare(self, actual: torch.Tensor, expected: torch.Tensor) -> Verdict:
-        m = _cell_ratios(actual, expected, self.atol, self.rtol, self.row_scaled_atol) <= 1
+        m = _cell_ratios(actual, expected, *self._tolerances(actual.dtype), self.row_scaled_atol) <= 1
         ratio = float(m.double().mean()) if m.numel() else 1.0
         gross_ratio = self._gross_ratios(actual, expected)
         margin = max(_bound(1.0 - ratio, 1.0 - self.min_ratio), float(gross_ratio.max()) if gross_ratio.numel() else 0.0)
@@ -280,13 +283,19 @@ class MatchedRatio:
 
     def _gross_ratios(self, actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
         """Each cell's error over ``outlier_factor · (atol·min(1, rms) + rtol·rms)`` of its row."""
-        atol, rtol = _tolerances(actual.dtype, self.atol, self.rtol)
+        atol, rtol = self._tolerances(actual.dtype)
         bound = self.outlier_factor * (row_atol(atol, expected) + rtol * row_rms(expected)) + dtype_resolution(actual.dtype)
         return error_ratio(actual, expected, bound)
 
+    def _tolerances(self, dtype: torch.dtype) -> tuple[float, float]:
+        atol, rtol = _tolerances(dtype, self.atol, self.rtol)
+        return max(atol, self.min_tol), max(rtol, self.min_tol)
+
     def describe(self) -> str:
         scaled = ", atol scaled by row rms" if self.row_scaled_atol else ""
-        return f"matched_ratio >= {self.min_ratio} (no cell off by > {self.outlier_factor:g}x row-scaled tolerance{scaled})"
+        least = f", tolerance at least {self.min_tol:g}" if self.min_tol else ""
+        return (f"matched_ratio >= {self.min_ratio} (no cell off by > {self.outlier_factor:g}x row-scaled tolerance"
+                f"{scaled}{least})")
 
 
 ULP_DTYPES = (torch.float16, torch.bfloat16)
