@@ -387,7 +387,8 @@ def _isa_outputs(w: ExpertWeights, x, ids, wts, quant: bool) -> dict[str, torch.
     return outs
 
 
-def _random_code_experts(fmt: str, gen: torch.Generator, subnormals: bool) -> tuple[ExpertWeights, torch.Tensor, torch.Tensor]:
+def _random_code_experts(fmt: str, gen: torch.Generator, subnormals: bool,
+                         H: int = H) -> tuple[ExpertWeights, torch.Tensor, torch.Tensor]:
     """FP8 experts from uniformly random finite E4M3 codes (zeros, both signs; subnormal codes
     only if ``subnormals``), with their exact dequantisation (gate_up, down) for the reference."""
     def codes(*shape):
@@ -577,6 +578,39 @@ def test_avx512_vnni_mx_path_is_exact_and_independent_of_batch(monkeypatch, h, i
     assert all(torch.equal(full[VNNI_ISAS[0]], o) for o in full.values())
 
 
+@pytest.mark.skipif("avx512bf16" not in ISAS or not build.vbmi_supported(),
+                    reason="needs AVX512-BF16 and AVX512_VBMI (this CPU lacks them)")
+@pytest.mark.parametrize("h", (96, 1088))
+def test_bf16_mx_path_mxfp8_is_exact_and_independent_of_batch(monkeypatch, h):
+    """MXFP8 weights on the MX path through the bf16 MX path (KERNELSLOT_NATIVE_BF16_MX=1, the
+    default on AMD): every E4M3 code (subnormals included) and every MXFP8 activation multiply
+    exactly in vdpbf16ps, so the numbers are the portable kernel's up to fp32 summation order, and
+    a token gets the same bits alone or in groups of 2, 3, 5, 6 (two passes) and 11, with 1, 2 and
+    3 threads; off, avx512bf16 gives avx512's bits (the switch is seen to act)."""
+    monkeypatch.setenv("KERNELSLOT_NATIVE_BF16_MX", "1")
+    gen = torch.Generator().manual_seed(19)
+    w, gu, dn = _random_code_experts("mxfp8", gen, True, h)
+    prep = prepare_native_experts(w)
+    x = torch.randn(11, h, generator=gen)
+    x[:, 5] = 1e-4  # a small activation in a block
+    ids, wts = torch.tensor([[0, 2, 4]] * 11), torch.rand(11, K, generator=gen)
+
+    def run(isa, T, threads=2):
+        out = torch.zeros(T, h)
+        expert_mlp_native(x[:T], ids[:T], wts[:T], prep, ACTS["swigluoai"], True, True, out, isa=isa,
+                          num_threads=threads)
+        return out
+    full = run("avx512bf16", 11)
+    p = run("portable", 11).double()
+    assert ((full.double() - p).norm() / p.norm()).item() < 1e-5
+    for T in (1, 2, 3, 5, 6, 11):
+        for threads in (1, 2, 3):
+            assert torch.equal(run("avx512bf16", T, threads), full[:T]), (T, threads)
+    monkeypatch.setenv("KERNELSLOT_NATIVE_BF16_MX", "0")
+    assert not torch.equal(run("avx512bf16", 11), full)
+    assert torch.equal(run("avx512bf16", 11), run("avx512", 11))
+
+
 @pytest.mark.skipif(not AVX512_ISAS, reason="needs AVX-512 F/BW/VL/DQ (this CPU lacks it)")
 @pytest.mark.parametrize("rebias", ("0", "1"))
 @pytest.mark.parametrize("subnormals", (True, False))
@@ -626,6 +660,7 @@ def test_avx512_fp8_rebias_runs_the_avx2_fused_kernel_for_two_tokens_or_fewer(mo
         expert_mlp_native(x, ids, wts, prep, ACTS["swigluoai"], True, fmt == "mxfp8", out, isa=isa)
         return out
 
+    monkeypatch.setenv("KERNELSLOT_NATIVE_BF16_MX", "0")  # avx512bf16 on AMD would run MXFP8 on the bf16 MX path
     monkeypatch.setenv("KERNELSLOT_NATIVE_FP8_REBIAS", "1")
     avx2 = run("avx2")
     assert all(torch.equal(run(isa), avx2) for isa in AVX512_ISAS)

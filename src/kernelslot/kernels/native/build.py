@@ -177,8 +177,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ks_isa_supported.argtypes = [c_int]
     lib.ks_best_isa.restype = c_int
     lib.ks_best_isa.argtypes = []
-    lib.ks_vnni_supported.restype = c_int
-    lib.ks_vnni_supported.argtypes = []
+    for feature in (lib.ks_vnni_supported, lib.ks_vbmi_supported):
+        feature.restype = c_int
+        feature.argtypes = []
 
 
 def switched_off(name: str) -> bool:
@@ -229,6 +230,12 @@ def vnni_supported() -> bool:
     """Whether the AVX-512 variants can run the VNNI integer MX path of MXFP4 (the CPU has AVX512_VNNI)."""
     st = loaded()
     return st.lib is not None and bool(st.lib.ks_vnni_supported())
+
+
+def vbmi_supported() -> bool:
+    """Whether avx512bf16 can run MXFP8 weights on the bf16 MX path (the CPU has AVX512_VBMI)."""
+    st = loaded()
+    return st.lib is not None and bool(st.lib.ks_vbmi_supported())
 
 
 def isa_supported(isa: str) -> bool:

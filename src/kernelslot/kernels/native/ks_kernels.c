@@ -1,6 +1,6 @@
 /* Per-ISA tile kernels for the native MoE decode path; compiled four times with
  * -DKS_ISA=0 (portable C), 1 (AVX2+FMA+F16C), 2 (AVX-512 F/BW/VL/DQ) or 3 (2 + AVX512_BF16,
- * adding the exact-bf16 MX path for MXFP4), each with the matching -m flags.  Layout
+ * adding the exact-bf16 MX path for MXFP4 and MXFP8), each with the matching -m flags.  Layout
  * contract: ks_native.h.
  *
  * A tile of 4 weight rows is streamed once per chunk of up to NT_MAX tokens: every
@@ -295,11 +295,38 @@ INLINE void tile_dot_mxfp4_bf16(const int nt, const uint8_t *tile, int nkb, cons
         }
 }
 
+/* The scales 2^(s-127) of a row pair's block: lanes 0-7 row a (sc[0]), lanes 8-15 row b (sc[1]). */
+INLINE __m512 pair_scales(const uint8_t *sc) {
+    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(ks_e8m0_lut[sc[0]]), 0xFF00, _mm_load_ss(&ks_e8m0_lut[sc[1]]));
+}
+/* acc[t] += a row pair's block sums against token t, times sv: wl / wh hold [row a | row b]
+ * elements 0-15 / 16-31, xs[t] + off the block in the duplicated layout (ks_to_bf16_dup). */
+INLINE void pair_dots(const int nt, __m512bh wl, __m512bh wh, __m512 sv, const uint16_t *const *xs, int64_t off,
+                      __m512 *acc) {
+#pragma GCC unroll 8
+    for (int t = 0; t < nt; ++t) {
+        const uint16_t *x = xs[t] + off;
+        __m512 p = _mm512_dpbf16_ps(_mm512_setzero_ps(), wl, (__m512bh)_mm512_loadu_si512(x));
+        p = _mm512_dpbf16_ps(p, wh, (__m512bh)_mm512_loadu_si512(x + 32));
+        acc[t] = _mm512_fmadd_ps(p, sv, acc[t]);
+    }
+}
+/* res[r * nt + t] for the tile's rows 2q (lanes 0-7 of acc[q][t]) and 2q + 1 (lanes 8-15). */
+INLINE void pair_store(const int nt, __m512 (*acc)[NT_MAX], float *res) {
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; ++t) {
+            res[(2 * q) * nt + t] = _mm512_mask_reduce_add_ps(0x00FF, acc[q][t]);
+            res[(2 * q + 1) * nt + t] = _mm512_mask_reduce_add_ps(0xFF00, acc[q][t]);
+        }
+}
+
 /* The same product for 1-2 tokens, cheaper per weight: an unscaled table (no per-block table
  * build) and each block's partial sum scaled into the accumulator by one FMA per token. */
 INLINE void tile_dot_mxfp4_bf16_few(const int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
     const __m512i tab = bf16_base_table();
-    __m512 acc[2][2];
+    __m512 acc[2][NT_MAX];
 #pragma GCC unroll 2
     for (int q = 0; q < 2; ++q)
 #pragma GCC unroll 2
@@ -313,27 +340,66 @@ INLINE void tile_dot_mxfp4_bf16_few(const int nt, const uint8_t *tile, int nkb, 
             /* vpermw reads index bits 0-4 and both table halves are equal: no mask for the low nibble */
             const __m512bh wl = (__m512bh)_mm512_permutexvar_epi16(w, tab);
             const __m512bh wh = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(w, 4), tab);
-            const __m512 sv = _mm512_mask_broadcastss_ps(_mm512_set1_ps(ks_e8m0_lut[sc[2 * q]]), 0xFF00,
-                                                         _mm_load_ss(&ks_e8m0_lut[sc[2 * q + 1]]));
-#pragma GCC unroll 2
-            for (int t = 0; t < nt; ++t) {
-                const uint16_t *x = xs[t] + kb * 64;
-                __m512 p = _mm512_dpbf16_ps(_mm512_setzero_ps(), wl, (__m512bh)_mm512_loadu_si512(x));
-                p = _mm512_dpbf16_ps(p, wh, (__m512bh)_mm512_loadu_si512(x + 32));
-                acc[q][t] = _mm512_fmadd_ps(p, sv, acc[q][t]);
-            }
+            pair_dots(nt, wl, wh, pair_scales(sc + 2 * q), xs, kb * 64, acc[q]);
         }
     }
-#pragma GCC unroll 2
-    for (int q = 0; q < 2; ++q)
-#pragma GCC unroll 2
-        for (int t = 0; t < nt; ++t) {
-            res[(2 * q) * nt + t] = _mm512_mask_reduce_add_ps(0x00FF, acc[q][t]);
-            res[(2 * q + 1) * nt + t] = _mm512_mask_reduce_add_ps(0xFF00, acc[q][t]);
-        }
+    pair_store(nt, acc, res);
 }
 
-static void tile_dot_bf16_any(int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
+/* MXFP8 x exact-bf16 activations (with AVX512_VBMI: only where ks_vbmi_supported()).  Every E4M3
+ * value is exact in bf16 (4 significant bits, exponents 2^-9..2^8), so vdpbf16ps multiplies
+ * exactly.  One zmm holds two rows' blocks (32 codes each); after a qword permutation each
+ * 128-bit lane holds 8 codes of one half-row followed by 8 of the other, two vpermi2b on the
+ * 7-bit magnitude (ks_e4m3_bf16: the high and the low byte of bf16(|value|), 0x7F read as 480
+ * like every other decode here) and the sign bit give the bytes, and unpack{lo,hi}_epi8 the two
+ * bf16 vectors [row a: elements 0-15 | row b: 0-15] and [row a: 16-31 | row b: 16-31]: the order
+ * of the MXFP4 kernels' duplicated activation layout (ks_to_bf16_dup).  Per token and row pair:
+ * two vdpbf16ps give each row's block sum (8 fp32 lanes per row), one FMA adds it times the
+ * block scale 2^(s-127).  The same operations for every token whatever nt is, so a token's bits
+ * depend neither on the thread count nor on the group it is computed with. */
+#define VBMI __attribute__((target("avx512vbmi")))
+INLINE VBMI void tile_dot_mxfp8_bf16(const int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
+    const __m512i th0 = _mm512_loadu_si512(ks_e4m3_bf16[1]), th1 = _mm512_loadu_si512(ks_e4m3_bf16[1] + 64);
+    const __m512i tl0 = _mm512_loadu_si512(ks_e4m3_bf16[0]), tl1 = _mm512_loadu_si512(ks_e4m3_bf16[0] + 64);
+    const __m512i sign = _mm512_set1_epi8((char)0x80), halves = _mm512_set_epi64(7, 5, 6, 4, 3, 1, 2, 0);
+    __m512 acc[2][NT_MAX];
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q)
+#pragma GCC unroll 8
+        for (int t = 0; t < nt; ++t) acc[q][t] = _mm512_setzero_ps();
+    for (int kb = 0; kb < nkb; ++kb) {
+        const uint8_t *blk = tile + (int64_t)kb * R * (KS_KBLOCK + 1), *sc = blk + R * KS_KBLOCK;
+        PREFETCH(blk + KS_PREFETCH);
+        PREFETCH(blk + KS_PREFETCH + 64);
+        PREFETCH(blk + KS_PREFETCH + 128);
+#pragma GCC unroll 2
+        for (int q = 0; q < 2; ++q) {
+            const __m512i c = _mm512_permutexvar_epi64(halves, _mm512_loadu_si512((const void *)(blk + 64 * q)));
+            const __m512i hb = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(th0, c, th1), c, sign, 0xF8); /* a | b & c */
+            const __m512i lb = _mm512_permutex2var_epi8(tl0, c, tl1);
+            pair_dots(nt, (__m512bh)_mm512_unpacklo_epi8(lb, hb), (__m512bh)_mm512_unpackhi_epi8(lb, hb),
+                      pair_scales(sc + 2 * q), xs, kb * 64, acc[q]);
+        }
+    }
+    pair_store(nt, acc, res);
+}
+
+static VBMI void tile_dot_mxfp8_bf16_any(int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
+    switch (nt) {
+    case 1: tile_dot_mxfp8_bf16(1, tile, nkb, xs, res); break;
+    case 2: tile_dot_mxfp8_bf16(2, tile, nkb, xs, res); break;
+    case 3: tile_dot_mxfp8_bf16(3, tile, nkb, xs, res); break;
+    case 4: tile_dot_mxfp8_bf16(4, tile, nkb, xs, res); break;
+    case 5: tile_dot_mxfp8_bf16(5, tile, nkb, xs, res); break;
+    }
+}
+
+/* The bf16 MX path's tile kernel for format fmt (MXFP4 or MXFP8), nt <= NT_MAX tokens. */
+static void tile_dot_bf16_any(int fmt, int nt, const uint8_t *tile, int nkb, const uint16_t *const *xs, float *res) {
+    if (fmt == KS_MXFP8) {
+        tile_dot_mxfp8_bf16_any(nt, tile, nkb, xs, res);
+        return;
+    }
     switch (nt) {
     case 1: tile_dot_mxfp4_bf16_few(1, tile, nkb, xs, res); break;
     case 2: tile_dot_mxfp4_bf16_few(2, tile, nkb, xs, res); break;
@@ -518,7 +584,7 @@ static void group_tile(int fmt, const uint8_t *tp, int nkb, const group_x *gx, i
     }
 #if KS_ISA == 3
     if (gx->xb[0]) {
-        PASSES(NT_MAX, tile_dot_bf16_any(nt, tp, nkb, gx->xb + lo, res))
+        PASSES(NT_MAX, tile_dot_bf16_any(fmt, nt, tp, nkb, gx->xb + lo, res))
         return;
     }
 #endif

@@ -15,6 +15,7 @@ float ks_e8m0_p120_lut[256];
 float ks_e8m0_p8_lut[256];
 uint8_t ks_fp4_bf16[2][256][32];
 float ks_fp4_f32[2][256][16] __attribute__((aligned(64)));
+uint8_t ks_e4m3_bf16[2][128] __attribute__((aligned(64)));
 const float ks_e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
@@ -39,6 +40,11 @@ __attribute__((constructor)) static void ks_init_tables(void) {
         ks_e8m0_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 127);
         ks_e8m0_p120_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 7);
         ks_e8m0_p8_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 119);
+        if (b < 128) { /* exact: <= 4 significant bits; 0x7F is 480 as in the kernels' decodes */
+            const uint32_t v = bits_from_f32(e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10)) >> 16;
+            ks_e4m3_bf16[0][b] = (uint8_t)(v & 0xFF);
+            ks_e4m3_bf16[1][b] = (uint8_t)(v >> 8);
+        }
     }
     for (int kind = 0; kind < 2; ++kind)
         for (int b = 0; b < 256; ++b)
@@ -227,10 +233,11 @@ static int forced_or_amd(const char *name) {
 #endif
 }
 
-/* Whether avx512bf16 runs MXFP4 on the MX path with vdpbf16ps (the bf16 MX path) or with the fp32
- * kernels on the q-dq activations (same exact products, other fp32 summation order).  Measured:
- * 1.1-1.3x faster than the fp32 kernels on AMD Zen 4 (docs/native.md, "Figures"), 1.1-1.7x
- * slower on an Intel Sapphire Rapids-class Xeon ("AVX-512 pass"), so by vendor;
+/* Whether avx512bf16 runs MXFP4 and (with AVX512_VBMI) MXFP8 weights on the MX path with vdpbf16ps
+ * (the bf16 MX path) or with the fp32 kernels on the q-dq activations (same exact products, other
+ * fp32 summation order).  Measured on AMD Zen 4: MXFP4 1.1-1.3x faster than the fp32 kernels
+ * (docs/native.md, "Figures"), MXFP8 1.5-1.8x hot and 1.01-1.09x cold ("bf16 MX path for MXFP8");
+ * MXFP4 1.1-1.7x slower on an Intel Sapphire Rapids-class Xeon ("AVX-512 pass"), so by vendor;
  * KERNELSLOT_NATIVE_BF16_MX=1 / 0 forces it (read per call: tests switch it). */
 static int bf16_mx_path_wanted(void) { return forced_or_amd("KERNELSLOT_NATIVE_BF16_MX"); }
 
@@ -256,6 +263,15 @@ int ks_vnni_supported(void) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
+int ks_vbmi_supported(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi");
 #else
     return 0;
 #endif
@@ -384,15 +400,15 @@ int ks_moe_experts(const ks_experts *ex, const ks_act *act, const float *h, int6
     ks_group *groups = malloc(sizeof(ks_group) * (size_t)(E + P_max / KS_GROUP_MAX + 1));
     float *inter = malloc(sizeof(float) * (size_t)(P_max * ex->inter + 1));
     float *xq = quant_act ? malloc(sizeof(float) * (size_t)(T * ex->hidden + 1)) : NULL;
-    const int bf16_path = isa == KS_ISA_AVX512BF16 && quant_act && ex->format == KS_MXFP4 && ex->bf16_scales_ok &&
-                          bf16_mx_path_wanted();
+    const int bf16_path = isa == KS_ISA_AVX512BF16 && quant_act && bf16_mx_path_wanted() &&
+                          ((ex->format == KS_MXFP4 && ex->bf16_scales_ok) || (ex->format == KS_MXFP8 && ks_vbmi_supported()));
     uint16_t *xb = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * T * ex->hidden + 1)) : NULL;
     uint16_t *inter_b = bf16_path ? malloc(sizeof(uint16_t) * (size_t)(2 * P_max * ex->inter + 1)) : NULL;
     const int avx512 = isa == KS_ISA_AVX512 || isa == KS_ISA_AVX512BF16;
     const int mxint_path = quant_act && ex->format == KS_MXFP4 &&
                            (isa == KS_ISA_AVX2 || (avx512 && !bf16_path && ks_vnni_supported() && vnni_mx_wanted()));
     const int fp4pair_path = isa == KS_ISA_AVX2 && !mxint_path && (ex->format == KS_MXFP4 || ex->format == KS_NVFP4);
-    const int fp8_path = (ex->format == KS_FP8ROW || ex->format == KS_MXFP8) &&
+    const int fp8_path = (ex->format == KS_FP8ROW || ex->format == KS_MXFP8) && !bf16_path &&
                          (isa == KS_ISA_AVX2 || (avx512 && fp8_rebias_wanted()));
     float *xf = fp8_path ? malloc(sizeof(float) * (size_t)(T * ex->hidden + T + 1)) : NULL;
     float *inter_f = fp8_path ? malloc(sizeof(float) * (size_t)(P_max * ex->inter + P_max + 1)) : NULL;

@@ -134,6 +134,7 @@ void ks_mxint_dot_avx2(int nt, const void *buf, int nkb, const ks_mxplanes *cons
  * a group of ntl <= 4 consecutive tiles, stride bytes apart (16 rows, lane = row i = 4q + r);
  * results res[i * ld + t] (batch: ld = nt). */
 int ks_vnni_supported(void);
+int ks_vbmi_supported(void); /* AVX512_VBMI: the bf16 MX path for MXFP8 weights (vpermi2b) */
 void ks_mxint16_fused_avx512(int nt, const uint8_t *tile0, int64_t stride, int ntl, int nkb,
                              const ks_mxplanes *const *x, float *res, int ld);       /* nt <= 2 */
 size_t ks_mxint16_scratch_bytes(void);  /* of the decode-once kernel (64-byte aligned) */
@@ -173,6 +174,8 @@ extern const float ks_e2m1_values[16];
 extern uint8_t ks_fp4_bf16[2][256][32];
 /* the same values as fp32: [kind][scale byte][code] (AVX-512 FP4 decode: one vpermps each) */
 extern float ks_fp4_f32[2][256][16];
+/* [0: low byte, 1: high byte][E4M3 magnitude code 0..127] of bf16(|value|), 0x7F read as 480 (the bf16 MX path for MXFP8) */
+extern uint8_t ks_e4m3_bf16[2][128];
 float ks_half_to_float(uint16_t h);
 float ks_apply_act(const ks_act *a, float g, float u);
 /* The MXFP8 online quantiser (E4M3, floor E8M0, blocks of 32) over n elements (n % 32 == 0):
