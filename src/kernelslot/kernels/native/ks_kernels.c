@@ -33,6 +33,7 @@ static inline vf vmul(vf a, vf b) { return _mm512_mul_ps(a, b); }
 static inline vf vset1(float x) { return _mm512_set1_ps(x); }
 static inline float vsum(vf a) { return _mm512_reduce_add_ps(a); }
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#define PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1) /* into L2, not L1: see tile_dot */
 #elif KS_ISA == 1
 #include <immintrin.h>
 #define VL 8
@@ -53,6 +54,7 @@ static inline float vsum(vf a) {
     return _mm_cvtss_f32(s);
 }
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#define PREFETCH_L2(p) PREFETCH(p) /* not measured on AVX2 */
 #else
 #define VL 1
 #define NT_MAX 4
@@ -67,6 +69,7 @@ static inline vf vmul(vf a, vf b) { return a * b; }
 static inline vf vset1(float x) { return x; }
 static inline float vsum(vf a) { return a; }
 #define PREFETCH(p) ((void)(p))
+#define PREFETCH_L2(p) ((void)(p))
 #endif
 
 #ifndef KS_PREFETCH
@@ -191,8 +194,13 @@ INLINE void tile_dot(const int fmt, const int nt, const uint8_t *tile, int nkb,
         for (int t = 0; t < nt; ++t) acc[r][t] = vzero();
     for (int kb = 0; kb < nkb; ++kb) {
         const uint8_t *blk = tile + (int64_t)kb * BS;
-#pragma GCC unroll 8
-        for (int off = 0; off < BS; off += 64) PREFETCH(blk + KS_PREFETCH + off);
+        /* NVFP4 (fp32 activations, 128 bytes per block and token against 72 of weights) prefetches
+         * into L2 only: into L1 the streamed weights evicted the activations (AMD Zen 4, cold:
+         * 1.005-1.09x in two A/Bs; docs/native.md, "Activations that stay in L1") */
+        if (fmt == KS_NVFP4)
+            for (int off = 0; off < BS; off += 64) PREFETCH_L2(blk + KS_PREFETCH + off);
+        else
+            for (int off = 0; off < BS; off += 64) PREFETCH(blk + KS_PREFETCH + off);
         kctx c[R];
 #pragma GCC unroll 4
         for (int r = 0; r < R; ++r) c[r] = make_ctx(fmt, blk + R * DB + r * SB);
@@ -369,9 +377,10 @@ INLINE VBMI void tile_dot_mxfp8_bf16(const int nt, const uint8_t *tile, int nkb,
         for (int t = 0; t < nt; ++t) acc[q][t] = _mm512_setzero_ps();
     for (int kb = 0; kb < nkb; ++kb) {
         const uint8_t *blk = tile + (int64_t)kb * R * (KS_KBLOCK + 1), *sc = blk + R * KS_KBLOCK;
-        PREFETCH(blk + KS_PREFETCH);
-        PREFETCH(blk + KS_PREFETCH + 64);
-        PREFETCH(blk + KS_PREFETCH + 128);
+        /* into L2 only: into L1 the streamed weights evicted the activations, whose L1 misses
+         * then held back the weights' (1.08-1.22x cold on AMD Zen 4; the MXFP4 kernels, lighter
+         * per byte, ran 0.70-0.86x so: docs/native.md, "Activations that stay in L1") */
+        for (int off = 0; off < R * (KS_KBLOCK + 1); off += 64) PREFETCH_L2(blk + KS_PREFETCH + off);
 #pragma GCC unroll 2
         for (int q = 0; q < 2; ++q) {
             const __m512i c = _mm512_permutexvar_epi64(halves, _mm512_loadu_si512((const void *)(blk + 64 * q)));
