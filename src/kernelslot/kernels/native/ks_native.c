@@ -34,16 +34,16 @@ float ks_half_to_float(uint16_t h) {
 __attribute__((constructor)) static void ks_init_tables(void) {
     for (int b = 0; b < 256; ++b) {
         const int e = (b >> 3) & 0xF, m = b & 7;
-        float v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
-        if ((b & 0x7F) == 0x7F) v = NAN;
+        const float mag = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10); /* 0x7F: 480 */
+        const float v = (b & 0x7F) == 0x7F ? NAN : mag;
         ks_e4m3_lut[b] = (b & 0x80) ? -v : v;
         ks_e8m0_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 127);
         ks_e8m0_p120_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 7);
         ks_e8m0_p8_lut[b] = b == 255 ? NAN : ldexpf(1.0f, b - 119);
         if (b < 128) { /* exact: <= 4 significant bits; 0x7F is 480 as in the kernels' decodes */
-            const uint32_t v = bits_from_f32(e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10)) >> 16;
-            ks_e4m3_bf16[0][b] = (uint8_t)(v & 0xFF);
-            ks_e4m3_bf16[1][b] = (uint8_t)(v >> 8);
+            const uint32_t h = bits_from_f32(mag) >> 16;
+            ks_e4m3_bf16[0][b] = (uint8_t)(h & 0xFF);
+            ks_e4m3_bf16[1][b] = (uint8_t)(h >> 8);
         }
     }
     for (int kind = 0; kind < 2; ++kind)
